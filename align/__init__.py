@@ -14,6 +14,7 @@ Public surface::
     load_map, map_from_bytes                 read a stored LinearMap, ClusterMap or MapChain by its header
     select_rows_to_embed, knn_overlap,       which rows to re-embed, alignability,
     plan_migration                           expected retention vs K before the fit
+    keep_native_rows                         the re-embedded rows' own vectors back into the migrated corpus
     fit_steer, Steer, transfer_steer         LM-Steer style query transforms
     knn, csls_knn, mutual_nn                 blocked neighbour search
     exceptions                               the typed error tree
@@ -23,6 +24,7 @@ from . import exceptions
 from .exceptions import *  # noqa: F401,F403
 from .chain import MapChain, map_kind, require_linear
 from .cluster import ClusterMap
+from .coverage import keep_native_rows
 from .frames import Frame
 from .knn import csls_knn, knn, mutual_nn
 from .maps import LinearMap, load_map, map_from_bytes
@@ -38,6 +40,6 @@ __version__ = "0.1.0"
 __all__ = [
     "LinearMap", "ClusterMap", "MapChain", "map_kind", "require_linear", "load_map", "map_from_bytes", "Frame", "PairStats", "fit_procrustes", "fit_ridge", "fit_lowrank", "evaluate", "retention",
     "cross_val_top1",
-    "MiniVec2Vec", "fit_migration", "score_map", "labelled_retention", "select_rows_to_embed", "knn_overlap", "plan_migration", "Steer", "MeanShift", "fit_steer", "fit_mean_shift", "compose_steers", "apply_steers",
+    "MiniVec2Vec", "fit_migration", "score_map", "labelled_retention", "select_rows_to_embed", "keep_native_rows", "knn_overlap", "plan_migration", "Steer", "MeanShift", "fit_steer", "fit_mean_shift", "compose_steers", "apply_steers",
     "transfer_steer", "knn", "csls_knn", "mutual_nn", "exceptions", *exceptions.__all__,
 ]

@@ -455,24 +455,33 @@ def plan_cmd(obj: Ctx, old, old_rows, probe_source, probe_target, probe_rows, ta
 @click.option("--ray", "ray_address", is_flag=False, flag_value="local", default=None, metavar="[ADDRESS]",
               help="Stream the chunks through Ray workers (a local Ray, or the cluster at ADDRESS); the same output to "
                    "float32 rounding.")
+@click.option("--keep-rows", type=ROWS, default=None,
+              help="Rows of INP you re-embedded with the new model (the rows file `plan --rows-out` wrote, or "
+                   "START:STOP): OUT holds their own new-model vectors (--keep-vectors), not mapped ones.")
+@click.option("--keep-vectors", type=click.Path(dir_okay=False), default=None,
+              help="The new-model vectors of --keep-rows, in its order (the pairs the map was fitted on).")
 @click.pass_obj
 def transform(obj: Ctx, ref, inp, out, chunk_rows, output, rows, key, column, text_field, encoder, as_json, quiet,
-              ray_address):
+              ray_address, keep_rows, keep_vectors):
     """Map the rows of INP (.npy, .npz, .fvecs, .parquet; texts .txt / .jsonl / .json embedded with the source
     space's encoder) into OUT (.npy, .fvecs or .parquet), in chunks: files may exceed memory.
 
     A .parquet INP into a .parquet OUT keeps every other column (ids, payloads), unchanged and row for row; the
     vector column keeps its name and position and holds the mapped rows: fixed_size_list<float32>[target dim],
     whatever list type or float width INP held. Another OUT holds the vectors only (a note on stderr, or `note`
-    in --json, names the columns left behind); a non-parquet INP gives a .parquet OUT one column, `vector`."""
+    in --json, names the columns left behind); a non-parquet INP gives a .parquet OUT one column, `vector`.
+
+    A migration re-embeds some rows to fit its map: --keep-rows/--keep-vectors write those rows' own new-model
+    vectors into OUT (--output raw), so queries looking for them find them as the new model does."""
     progress, close = progress_bar(quiet=quiet, as_json=as_json)
     try:
         with ray_logs(quiet or as_json):
             res = transform_file(obj.registry, ref, inp, out, chunk_rows=chunk_rows, output=output, rows=rows,
                                  key=key, column=column, encoder=encoder, ray_address=ray_address, progress=progress,
-                                 text_field=text_field, warn=warn)
+                                 text_field=text_field, warn=warn, keep_rows=keep_rows, keep_vectors=keep_vectors)
     finally:
         close()
     if res["note"] and not as_json:  # a .parquet's other columns, which a .npy / .fvecs output cannot hold
         click.echo(f"vecbridge: note: {res['note']}", err=True)
-    emit(res, as_json, f"wrote {res['rows']} rows ({res['dim']}-d, {output}) to {out} with {res['map']}")
+    emit(res, as_json, f"wrote {res['rows']} rows ({res['dim']}-d, {output}) to {out} with {res['map']}"
+         + (f"; {res['kept']} of them re-embedded, kept as given" if "kept" in res else ""))

@@ -12,7 +12,13 @@ from pathlib import Path
 
 import numpy as np
 
-from align.exceptions import DimensionMismatchError, EmptyInputError
+from align.coverage import keep_native_rows
+from align.exceptions import (
+    DimensionMismatchError,
+    EmptyInputError,
+    InputError,
+    PairCountError,
+)
 
 from ..encoders import space_encoder
 from ..io import (
@@ -21,6 +27,7 @@ from ..io import (
     is_text_path,
     iter_chunks,
     parse_rows,
+    read_vectors,
     resolve_rows,
     rows_count,
 )
@@ -35,7 +42,7 @@ __all__ = ["check_direction", "rows_through", "transform_file"]
 def transform_file(registry, ref: str, inp, out, *, chunk_rows: int = 65536, output: str = "raw", rows=None,
                    key: str | None = None, column: str | None = None, encoder: str | None = None,
                    ray_address: str | None = None, progress: Progress | None = None, text_field: str = "text",
-                   warn: Callable[[str], None] | None = None) -> dict:
+                   warn: Callable[[str], None] | None = None, keep_rows=None, keep_vectors=None) -> dict:
     """Map the rows of file ``inp`` with map ``ref`` into file ``out`` chunk by chunk (files may exceed memory).
 
     ``rows`` ``"START:STOP"``; ``key`` / ``column`` name the .npz array / Parquet column; ``encoder`` embeds a text
@@ -45,30 +52,85 @@ def transform_file(registry, ref: str, inp, out, *, chunk_rows: int = 65536, out
     ``progress`` reports ``("transform", rows done / rows)``. Returns ``{"map", "rows", "out", "dim", "output",
     "note"}``; ``note``: the input's columns ``out`` cannot hold (a .parquet's into .npy / .fvecs), else None.
 
+    ``keep_rows`` (rows of ``inp``, as ``rows``: ``"START:STOP"`` or indices) and ``keep_vectors`` (a vector file of
+    their new-model vectors, in that order: the pairs the map was fitted on) write those rows' own vectors instead of
+    their mapped ones (:func:`align.keep_native_rows`; ``output="raw"`` only); the rows of ``keep_rows`` outside
+    ``rows`` are not written. The result then holds ``kept``, the rows written native.
+
     Vectors are checked first as a migration checks a collection (:func:`check_direction`): rows that look like the
     map's TARGET space (a map the wrong way round) are a SpaceMismatchError before anything is written; ``warn(note)``
     gets rows that neither side recognises.
     """
-    check_not_input(out, "the output", inp)  # before the registry is read
+    check_not_input(out, "the output", inp, *(() if keep_vectors is None else (keep_vectors,)))  # before the registry
+    if (keep_rows is None) != (keep_vectors is None):
+        raise InputError("keeping re-embedded rows needs both their rows (--keep-rows) and their new-model vectors "
+                         "(--keep-vectors)")
+    if keep_rows is not None and output != "raw":
+        raise InputError(f"keeping re-embedded rows needs output 'raw' (their vectors are the new model's own, "
+                         f"which output {output!r} does not hold)")
     v = registry.resolve(ref)
     m = registry.load_map(v)
+    kept = None if keep_rows is None else _kept_rows(inp, rows, keep_rows, keep_vectors, m.target_dim, key=key,
+                                                     column=column, text_field=text_field)
     if is_text_path(inp):  # the source space's encoder, or None (reading the texts then says to name one)
         encoder = space_encoder(v.source_space, registry.get_space(v.source_space).encoder, encoder)
     else:  # texts are embedded by the source space's encoder
         check_direction(v, m, inp, rows=rows, key=key, column=column, warn=warn)
 
-    def through(chunks):
+    def mapped(chunks):
         if ray_address is None:
             return (m.apply(chunk, output=output) for chunk in chunks)
         from ..distributed import apply_stream_ray  # Ray: imported only when asked for
 
         return apply_stream_ray(m, chunks, output=output, address=None if ray_address == "local" else ray_address)
 
+    def through(chunks):
+        if kept is None:
+            yield from mapped(chunks)
+            return
+        pos, Y_keep = kept  # output positions of the kept rows, ascending, and their vectors
+        done = 0
+        for block in mapped(chunks):
+            lo, hi = np.searchsorted(pos, [done, done + block.shape[0]])
+            if hi > lo:
+                block = keep_native_rows(block, pos[lo:hi] - done, Y_keep[lo:hi], copy=False)
+            done += block.shape[0]
+            yield block
+
     res = rows_through(inp, out, through, source_dim=m.source_dim, target_dim=m.target_dim, expects=f"{v.ref} expects",
                        chunk_rows=chunk_rows, rows=rows, key=key, column=column, encoder=encoder,
                        text_field=text_field, progress=progress)
     return {"map": v.ref, "rows": res["rows"], "out": res["out"], "dim": res["dim"], "output": output,
-            "note": res["note"]}
+            "note": res["note"], **({} if kept is None else {"kept": int(kept[0].size)})}
+
+
+def _kept_rows(inp, rows, keep_rows, keep_vectors, dim: int, *, key=None, column=None, text_field: str = "text"
+               ) -> tuple[np.ndarray, np.ndarray]:
+    """``(pos, Y)``: the output positions (ascending) of the rows ``keep_rows`` of ``inp`` that ``rows`` selects and
+    their vectors from ``keep_vectors`` (one ``dim``-d row per listed row, in ``keep_rows``' order), checked."""
+    total = count_rows(inp, key=key, column=column, text_field=text_field)
+    want = resolve_rows(parse_rows(keep_rows), total, inp)
+    want = np.arange(want.start, want.stop) if isinstance(want, slice) else np.asarray(want, dtype=np.int64)
+    Y = read_vectors(keep_vectors, encoder_option=None)
+    name = Path(keep_vectors).name
+    if Y.shape[0] != want.size:
+        raise PairCountError(f"{name} holds {Y.shape[0]} rows but --keep-rows lists {want.size}: one new-model "
+                             f"vector per re-embedded row, in the order listed")
+    if Y.shape[1] != dim:
+        raise DimensionMismatchError(f"{name} has {Y.shape[1]}-d rows; the map's target (the new model) is {dim}-d")
+    if np.unique(want).size != want.size:
+        raise InputError("--keep-rows lists a row more than once: each re-embedded row has one new-model vector")
+    sel = resolve_rows(parse_rows(rows), total, inp)
+    if isinstance(sel, slice):
+        pos, inside = want - sel.start, (want >= sel.start) & (want < sel.stop)
+    else:  # rows listed: each kept row's place in that list, if it is there
+        order = np.argsort(sel, kind="stable")
+        at = np.minimum(np.searchsorted(sel[order], want), sel.size - 1)
+        inside = sel[order][at] == want
+        pos = order[at]
+    pos, Y = pos[inside], Y[inside]
+    by = np.argsort(pos, kind="stable")
+    return pos[by], Y[by]
 
 
 def check_direction(v, m, inp, *, rows=None, key: str | None = None, column: str | None = None,

@@ -1,0 +1,88 @@
+"""``align.keep_native_rows``: a migration re-embeds some rows to fit its map; the migrated corpus can hold those rows'
+own new-model vectors instead of mapped ones (WordNet minilm->e5: +0.01-0.07 retention at K = 1,000-3,000,
+``benchmarks/bench_plan_extrapolation.py``). And the plan's ``kept`` forecast, the same migration's."""
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import align
+from align.exceptions import (
+    DimensionMismatchError,
+    InputError,
+    NonFiniteError,
+    PairCountError,
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(n=st.integers(1, 40), d=st.integers(1, 6), k=st.integers(1, 40), seed=st.integers(0, 2**16),
+       dtype=st.sampled_from([np.float32, np.float64, np.float16]))
+def test_the_listed_rows_hold_the_given_vectors_and_every_other_row_is_untouched(n, d, k, seed, dtype):
+    rng = np.random.default_rng(seed)
+    migrated = rng.standard_normal((n, d)).astype(dtype)
+    before = migrated.copy()
+    rows = rng.permutation(n)[: min(k, n)]  # any order: Y_new follows rows' order
+    Y = rng.standard_normal((rows.size, d)).astype(np.float32)
+    out = align.keep_native_rows(migrated, rows, Y)
+    assert out.shape == (n, d) and out.dtype == np.float32
+    np.testing.assert_array_equal(out[rows], Y)
+    rest = np.setdiff1d(np.arange(n), rows)
+    np.testing.assert_array_equal(out[rest], before[rest].astype(np.float32))
+    np.testing.assert_array_equal(migrated, before)  # copy=True (the default) never writes into the input
+
+
+def test_copy_false_writes_into_a_float32_array_and_copy_true_leaves_a_memmap_alone(tmp_path):
+    M = np.zeros((6, 3), np.float32)
+    out = align.keep_native_rows(M, [5, 0], np.ones((2, 3)), copy=False)
+    assert out is M and M[[0, 5]].sum() == 6 and M[1:5].sum() == 0
+    np.save(tmp_path / "m.npy", np.zeros((6, 3), np.float32))
+    mm = np.load(tmp_path / "m.npy", mmap_mode="r+")
+    out = align.keep_native_rows(mm, [1], np.ones((1, 3)))
+    assert out[1].sum() == 3 and np.load(tmp_path / "m.npy").sum() == 0  # a view of the file is not written
+
+
+@pytest.mark.parametrize("rows, Y, err, match", [
+    ([1, 1], np.ones((2, 3)), InputError, "more than once"),
+    ([1, 6], np.ones((2, 3)), InputError, r"in \[0, 6\).*got \[1, 6\]"),
+    ([-1, 2], np.ones((2, 3)), InputError, r"in \[0, 6\)"),
+    ([1.0, 2.0], np.ones((2, 3)), InputError, "integer row indices"),
+    ([True, False], np.ones((2, 3)), InputError, "integer row indices"),
+    ([[1, 2]], np.ones((2, 3)), InputError, "1-d"),
+    ([1], np.ones((2, 3)), PairCountError, "holds 2 rows but rows lists 1"),
+    ([1, 2], np.ones((2, 4)), DimensionMismatchError, "4 columns but migrated has 3"),
+    ([1, 2], np.array([[1, np.nan, 0], [0, 0, 1]]), NonFiniteError, "NaN"),
+])
+def test_bad_rows_or_vectors_are_typed_errors_and_change_nothing(rows, Y, err, match):
+    M = np.zeros((6, 3), np.float32)
+    with pytest.raises(err, match=match):
+        align.keep_native_rows(M, rows, Y, copy=False)
+    assert not M.any()
+
+
+def _planted(n=3000, d=24, seed=0):
+    rng = np.random.default_rng(seed)
+    X = rng.standard_normal((n, d)).astype(np.float32)
+    W = np.linalg.qr(rng.standard_normal((d, d)))[0]
+    return X, (X @ W + 0.8 * rng.standard_normal((n, d))).astype(np.float32)
+
+
+def test_the_plan_forecasts_kept_rows_as_the_share_of_queries_whose_document_was_re_embedded():
+    X, Y = _planted()
+    plan = align.plan_migration(X, X[:600], Y[:600], target_ks=(100, 1000, 2999, 5000), select_rows=False)
+    n = X.shape[0]
+    for q in plan["predicted"]:
+        kept, s = q["kept"], min(q["k"], n) / n
+        assert kept["share"] == pytest.approx(s)
+        for key in ("retention", "low", "high"):
+            assert kept[key] == pytest.approx(s + (1 - s) * q[key])
+            assert q[key] - 1e-12 <= kept[key] <= 1.0
+    assert plan["predicted"][-1]["whole_corpus"] and plan["predicted"][-1]["kept"]["retention"] == 1.0
+    assert plan["predicted"][0]["kept"]["retention"] < plan["predicted"][1]["kept"]["retention"]
+
+
+def test_a_plan_of_a_sample_of_unknown_size_forecasts_no_kept_rows():
+    X, Y = _planted(n=1200)
+    plan = align.plan_migration(X, X[:600], Y[:600], target_ks=(100, 1000), select_rows=False, old_is_sample=True)
+    assert all("kept" not in q for q in plan["predicted"])

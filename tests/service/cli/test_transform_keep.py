@@ -1,0 +1,105 @@
+"""``vecbridge transform --keep-rows ROWS --keep-vectors NEW``: the rows a migration re-embedded to fit its map are
+written with their own new-model vectors, every other row mapped; with ``--rows`` (a range or a listed file) each
+kept row lands where its input row does, and kept rows outside the selection are not written. Bad input: exit 2
+with a message, and no output file."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import numpy as np
+import pytest
+from conftest import run_cli as run
+
+import align
+from service.registry import Registry
+
+N, D = 900, 16
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    """A data dir with map ``m`` (ridge, a planted rotation plus noise, 24 -> 16) and its files."""
+    rng = np.random.default_rng(0)
+    root = tmp_path_factory.mktemp("keep")
+    X = rng.standard_normal((N, 24)).astype(np.float32)
+    Y = (X @ rng.standard_normal((24, D)) + 0.5 * rng.standard_normal((N, D))).astype(np.float32)
+    reg = Registry(f"sqlite:///{root / 'var' / 'registry.sqlite'}", root / "var" / "artifacts")
+    reg.register_version("m", align.fit_ridge(X[:600], Y[:600]), source_space="old", target_space="new",
+                         method="ridge", params={})
+    reg.close()
+    rows = np.array([899, 3, 450, 10, 0])  # any order: the vectors follow it
+    np.save(root / "old.npy", X)
+    np.save(root / "rows.npy", rows)
+    np.save(root / "new_pairs.npy", Y[rows])
+    return root, X, Y, rows
+
+
+def _cli(capsys, root, out, *args):
+    return run(capsys, "--data-dir", root / "var", "transform", "--quiet", "--map", "m", root / "old.npy", out, *args)
+
+
+@pytest.mark.parametrize("select, expect", [
+    (None, np.arange(N)),
+    ("5:460", np.arange(5, 460)),
+    ("listed", np.array([450, 7, 899, 2])),
+])
+def test_kept_rows_hold_their_own_vectors_wherever_the_selection_puts_them(capsys, tmp_path, world, select, expect):
+    root, _, Y, rows = world
+    extra = []
+    if select == "listed":
+        np.save(tmp_path / "sel.npy", expect)
+        extra = ["--rows", tmp_path / "sel.npy"]
+    elif select:
+        extra = ["--rows", select]
+    code, out, err = _cli(capsys, root, tmp_path / "plain.npy", *extra, "--chunk-rows", "100")
+    assert code == 0, err
+    code, out, err = _cli(capsys, root, tmp_path / "kept.npy", *extra, "--chunk-rows", "100", "--json",
+                          "--keep-rows", root / "rows.npy", "--keep-vectors", root / "new_pairs.npy")
+    assert code == 0, err
+    plain, kept = np.load(tmp_path / "plain.npy"), np.load(tmp_path / "kept.npy")
+    native = np.isin(expect, rows)
+    assert json.loads(out)["kept"] == int(native.sum()) > 0
+    np.testing.assert_array_equal(kept[native], Y[expect[native]])
+    np.testing.assert_array_equal(kept[~native], plain[~native])
+    assert not np.allclose(plain[native], Y[expect[native]], atol=1e-3)  # the map alone did not give them
+
+
+def test_a_parquet_keeps_its_other_columns_and_the_text_says_how_many_were_kept(capsys, tmp_path, world):
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    root, X, Y, rows = world
+    pq.write_table(pa.table({"id": [f"d{i}" for i in range(N)],
+                             "vec": pa.FixedSizeListArray.from_arrays(pa.array(X.reshape(-1)), X.shape[1])}),
+                   tmp_path / "docs.parquet")
+    code, out, err = run(capsys, "--data-dir", root / "var", "transform", "--quiet", "--map", "m",
+                         tmp_path / "docs.parquet", tmp_path / "docs_new.parquet", "--keep-rows", root / "rows.npy",
+                         "--keep-vectors", root / "new_pairs.npy")
+    assert code == 0, err
+    assert "5 of them re-embedded, kept as given" in out
+    got = pq.read_table(tmp_path / "docs_new.parquet")
+    assert got.column("id").to_pylist() == [f"d{i}" for i in range(N)]
+    np.testing.assert_array_equal(np.stack(got.column("vec").to_numpy(zero_copy_only=False))[rows], Y[rows])
+
+
+@pytest.mark.parametrize("args, match", [
+    (["--keep-rows", "{root}/rows.npy"], "needs both their rows"),
+    (["--keep-vectors", "{root}/new_pairs.npy"], "needs both their rows"),
+    (["--keep-rows", "0:4", "--keep-vectors", "{root}/new_pairs.npy"], "holds 5 rows but --keep-rows lists 4"),
+    (["--keep-rows", "{root}/rows.npy", "--keep-vectors", "{root}/old.npy"], "holds 900 rows but"),
+    (["--keep-rows", "0:5", "--keep-vectors", "{tmp}/wide.npy"], "24-d rows; the map's target .* is 16-d"),
+    (["--keep-rows", "{root}/rows.npy", "--keep-vectors", "{root}/new_pairs.npy", "--output", "frame"],
+     "needs output 'raw'"),
+    (["--keep-rows", "898:903", "--keep-vectors", "{root}/new_pairs.npy"], "outside the file's 900 rows"),
+    (["--keep-rows", "{root}/rows.npy", "--keep-vectors", "{out}"], "the output"),
+])
+def test_bad_keep_options_exit_2_with_a_message_and_write_nothing(capsys, tmp_path, world, args, match):
+    root, X = world[:2]
+    np.save(tmp_path / "wide.npy", X[:5])
+    out = tmp_path / "out.npy"
+    args = [a.format(root=root, tmp=tmp_path, out=out) for a in args]
+    code, _, err = _cli(capsys, root, out, *args)
+    assert code == 2 and err.startswith("vecbridge: error:"), err
+    assert re.search(match, err), err
+    assert not out.exists()
