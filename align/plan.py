@@ -25,7 +25,7 @@ from .validation import (as_matrix, check_labelled_queries, check_paired, check_
 from .exceptions import InputError, TooFewRowsError
 from .frames import Frame, unit_rows
 from .knn import knn, knn_blocks
-from .learning_curve import _curve_fit, fit_learning_curve, forecast, forecast_per_k
+from .learning_curve import _curve_fit, fit_learning_curve, forecast, forecast_per_k, kept_forecast
 from .options import check_callable, check_flag, check_number
 from .retrieval import overlap_without_self, relevant_ranks
 
@@ -106,8 +106,9 @@ EXTRAPOLATED_NOTE = ("the forecasts past the {top} pairs the curve is fitted on 
                      "not the error of that extrapolation. Like every forecast they are of maps whose fit pairs hold "
                      "none of the held-out texts, while the rows you re-embed from the corpus hold some documents your "
                      "queries look for, which the map then finds (WordNet minilm->e5, K = 1,000-3,000: the plan's own "
-                     "rows kept up to 0.13 more than forecast, a QA's fit 0.11-0.18): read them as rough, a floor, "
-                     "and gate the fitted map")
+                     "rows mapped measured up to 0.13 above the forecast); 'kept' forecasts the migration that keeps "
+                     "those rows' own vectors (transform --keep-rows; within 0.05 of it in 39 of 48 cells there): "
+                     "read them as rough and gate the fitted map")
 #: nn_retention's native side searches the native rows among mapped rows of the old corpus (their native vectors are
 #: unknown). WordNet minilm->paraphrase-L3, ridge from 10,000 pairs: 1.06-1.23, where native recall against those
 #: mapped distractors was 0.23-0.27 and against the same rows' native vectors 0.42-0.47 (the ratio then 0.61-0.69).
@@ -346,7 +347,8 @@ def plan_migration(X_old, probe_src, probe_tgt, *, random_state=0, target_retent
     ``curve`` (per K and method the mean and spread), ``fits`` (per method its curve, :func:`forecast`'s input;
     ``fit``: the one of ``best_method``, the best at the largest probe K), ``predicted`` (per target K: method,
     retention, low, high, extrapolated; with labelled queries also ``r10``, the migrated index's predicted R@10 of
-    them), with labelled queries ``native`` (R@10 of the queries: ``new_probe``, ``old_probe``, ``old_corpus``
+    them; unless ``old_is_sample``, ``kept``: the same for a migration that keeps its K re-embedded rows' own
+    vectors in the corpus, :func:`align.keep_native_rows`, see :func:`~align.learning_curve.kept_forecast`), with labelled queries ``native`` (R@10 of the queries: ``new_probe``, ``old_probe``, ``old_corpus``
     measured, ``new_corpus_estimate`` and the ``slope_ratio`` / ``shrink`` behind it; a note says when keeping the
     old model is predicted to do as well; ``labelled`` instead when their estimate is inconsistent, see 4.),
     ``recommended`` (``method``, ``forecast_method``, ``k``, ``whole_corpus``), ``rows_to_embed`` (indices; empty
@@ -456,9 +458,13 @@ def plan_migration(X_old, probe_src, probe_tgt, *, random_state=0, target_retent
         whole = {**next(q for q in predicted if q["k"] >= n_old), "k": int(n_old), "retention": 1.0, "low": 1.0,
                  "high": 1.0, "extrapolated": False, "whole_corpus": True}
         predicted = [q for q in predicted if q["k"] < n_old] + [whole]
+    for q in predicted if not old_is_sample else ():  # with the re-embedded rows kept native (a corpus of n_old)
+        q["kept"] = kept_forecast(q, n_old)
     if native is not None:
         for q in predicted:  # the migrated index's own R@10, to set against keeping the old model
             q["r10"] = float(q["retention"] * r_new) if np.isfinite(r_new) else float("nan")
+            if "kept" in q:
+                q["kept"]["r10"] = float(q["kept"]["retention"] * r_new) if np.isfinite(r_new) else float("nan")
     reach = [q for q in predicted if q["retention"] >= target_retention or q["k"] >= n_old]
     rec = min(reach, key=lambda q: q["k"]) if reach else max(predicted, key=lambda q: q["k"])
     k_rec = int(min(rec["k"], n_old))

@@ -93,7 +93,8 @@ def measure(d: dict, fit_seeds, methods=("procrustes", "ridge")) -> dict:
     fitted on K random rows relevant to no query with every row mapped (``method|K``: what the plan's curve is of,
     its fits hold every relevant document out), on K random rows of the whole corpus (``any|method|K``), and of the map
     fitted on the plan's own k-means++ rows (``align.select_rows_to_embed``, relevant documents not excluded), every
-    row mapped (``workflow|method|K``, also for ``auto``: the README's workflow, plan rows -> fit -> transform)."""
+    row mapped (``workflow|method|K``, also for ``auto``: the README's workflow, plan rows -> fit -> transform),
+    and the same with the re-embedded rows kept native (``kept|method|K``: ``align.keep_native_rows``)."""
     import align
 
     Qn = d["Qn"] / np.linalg.norm(d["Qn"], axis=1, keepdims=True)
@@ -119,8 +120,11 @@ def measure(d: dict, fit_seeds, methods=("procrustes", "ridge")) -> dict:
             if rows is not None:  # the README's workflow: fit on the plan's rows, transform the whole corpus
                 for name in (m, "auto") if m == methods[-1] else (m,):
                     M = align.fit_migration(d["Do"][rows], d["Dn"][rows], method=name, random_state=0)
-                    hits = r10(Qn, M.apply(d["Do"], output="raw"), d["rel"])
+                    mapped = M.apply(d["Do"], output="raw")
+                    hits = r10(Qn, mapped, d["rel"])
                     out[f"workflow|{name}|{k}"] = ["".join("01"[int(h)] for h in hits)]
+                    hits = r10(Qn, align.keep_native_rows(mapped, rows, d["Dn"][rows]), d["rel"])
+                    out[f"kept|{name}|{k}"] = ["".join("01"[int(h)] for h in hits)]
             print(f"measured {m} K={k}: {[round(retention(v, out['native']), 3) for v in vals]}", file=sys.stderr,
                   flush=True)
     return out
@@ -162,6 +166,8 @@ def main(argv=None) -> int:
             + table(result, trees, every_query=True) + "\n## Measured as the README's workflow does: the map "
             "of the forecast's method fitted on the plan's k-means++ rows of the corpus (documents of some queries "
             "among them), every row mapped, the plan's own queries\n\n" + table(result, trees, prefix="workflow|")
+            + "\n## The workflow keeping its re-embedded rows native (`align.keep_native_rows`) against the plan's "
+            "`kept` forecast, the plan's own queries\n\n" + table(result, trees, prefix="kept|")
             + "\n" + rows_table(result["measured"]))
     print(text)
     if a.out:
@@ -172,7 +178,8 @@ def main(argv=None) -> int:
 
 def table(result: dict, trees, every_query: bool = False, prefix: str = "") -> str:
     """Forecast against measured per (probe, seed, K): measured of the plan's own queries (``every_query``: of all
-    the set's queries whose documents are in the corpus); ``prefix`` ``"workflow|"``: the workflow's measure."""
+    the set's queries whose documents are in the corpus); ``prefix`` ``"workflow|"``: the workflow's measure,
+    ``"kept|"``: the workflow's with its rows kept native, against the forecast's ``kept``."""
     meas = result["measured"]
     head = ["probe", "seed", "K", "measured (method)"] + [f"{t}: forecast [interval] (error)" for t in trees]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -184,7 +191,9 @@ def table(result: dict, trees, every_query: bool = False, prefix: str = "") -> s
                 for t in trees:
                     q = next((q for q in result["plans"][t][probe][seed]["predicted"] if q["k"] == k), None)
                     vals = meas.get(f"{prefix}{q['method']}|{k}") if q else None
-                    if not vals:
+                    if vals and prefix == "kept|":  # the forecast with the re-embedded rows kept native
+                        q = {**q, **q["kept"]} if "kept" in q else None
+                    if not vals or q is None:
                         cells.append("—")
                         continue
                     qi = None if every_query else result["plans"][t][probe][seed]["queries"]
@@ -214,14 +223,17 @@ def table(result: dict, trees, every_query: bool = False, prefix: str = "") -> s
 
 def rows_table(meas: dict) -> str:
     """Measured retention of every query per K and method: K random rows relevant to no query (the curve's kind),
-    K random rows of the whole corpus, the plan's k-means++ rows (two draws, two, one); auto on the plan's rows."""
-    cols = ("{m}|{k}", "any|{m}|{k}", "workflow|{m}|{k}")
+    K random rows of the whole corpus, the plan's k-means++ rows (two draws, two, one), those kept native; auto on
+    the plan's rows, mapped and kept."""
+    cols = ("{m}|{k}", "any|{m}|{k}", "workflow|{m}|{k}", "kept|{m}|{k}")
     lines = ["| K | " + " | ".join(f"{m}: {c}" for m in ("procrustes", "ridge")
-                                   for c in ("random rows, no relevant doc", "random rows", "k-means++ rows"))
-             + " | auto: k-means++ rows |", "|" + "---|" * 8]
+                                   for c in ("random rows, no relevant doc", "random rows", "k-means++ rows",
+                                             "k-means++ rows kept"))
+             + " | auto: k-means++ rows | auto: kept |", "|" + "---|" * 11]
     for k in KS:
         cells = []
-        for key in [c.format(m=m, k=k) for m in ("procrustes", "ridge") for c in cols] + [f"workflow|auto|{k}"]:
+        for key in ([c.format(m=m, k=k) for m in ("procrustes", "ridge") for c in cols]
+                    + [f"workflow|auto|{k}", f"kept|auto|{k}"]):
             v = meas.get(key)
             cells.append(f"{np.mean([retention(h, meas['native']) for h in v]):.3f}" if v else "—")
         lines.append(f"| {k:,} | " + " | ".join(cells) + " |")

@@ -36,6 +36,10 @@ class Forecast(_Open):
     extrapolated: bool = Field(..., description="Beyond the probe's largest K.")
     whole_corpus: bool = Field(False, description="K reaches the size of `old`: re-embed all of it.")
     r10: float | None = Field(None, description="With labelled queries: the migrated index's predicted R@10.")
+    kept: dict[str, float] | None = Field(
+        None, description="The forecast (`share`, `retention`, `low`, `high`; labelled: `r10`) for a migration that "
+                          "keeps its K re-embedded rows' own new-model vectors (`vecbridge transform --keep-rows`): "
+                          "the share K / n of queries whose documents they are find them as natively.")
 
 
 class Recommendation(_Open):

@@ -411,11 +411,14 @@ def plan_cmd(obj: Ctx, old, old_rows, probe_source, probe_target, probe_rows, ta
              f"expected retention ({res['metric']}"
              + (f"; {res['n_queries']} queries over {res['n_corpus']} documents" if "n_queries" in res else "")
              + "):",
-             f"  {'K':>7}  {'method':>10}  {'retention':>9}  {'interval':>15}"]
+             f"  {'K':>7}  {'method':>10}  {'retention':>9}  {'interval':>15}  {'rows kept':>9}"]
     for q in res["predicted"]:
         lines.append(f"  {q['k']:>7}  {q['method']:>10}  {q['retention']:>9.3f}  "
-                     f"[{q['low']:.3f}, {q['high']:.3f}]{'  (extrapolated)' if q['extrapolated'] else ''}"
+                     f"[{q['low']:.3f}, {q['high']:.3f}]  {q['kept']['retention']:>9.3f}"
+                     f"{'  (extrapolated)' if q['extrapolated'] else ''}"
                      + ("  (the whole corpus, re-embedded)" if q.get("whole_corpus") else ""))
+    lines.append("  (rows kept: with the re-embedded rows' own vectors in the migrated corpus, `transform --keep-rows "
+                 "ROWS --keep-vectors NEW`)")
     nat = res.get("native")
     if nat:
         lines.append(f"R@10 of your queries: new model {nat['new_probe']:.3f} over the probe -> ~"

@@ -35,7 +35,9 @@ overlap), `curve` (simulated retention of closed-form fits on probe subsamples, 
 distractors outrank native rows, and a note says so),
 `predicted` (retention per K with an interval and the `method` it is of: within the probe's K the better
 of the methods' curves there, beyond it the best at the probe's largest K; `extrapolated` beyond the probe; the K
-of at least the size of `old` are one row at that size, retention 1, `whole_corpus`),
+of at least the size of `old` are one row at that size, retention 1, `whole_corpus`; `kept`: the same for a
+migration that keeps its K re-embedded rows' own vectors, `share + (1 - share) x retention` with `share` = K / the
+size of `old`),
 `recommended` (`method` and K, at most the size of `old`; `whole_corpus`: no smaller K is predicted to do, re-embed it
 all; `forecast_method`: the method the forecast is of, a closed-form one, where from K = 1,000 `method` is `auto`,
 which may fit a contrastive or cluster map: a note says the interval is then a floor for what `auto` fits, which
