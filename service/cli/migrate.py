@@ -44,16 +44,26 @@ __all__ = ["migrate", "verify"]
 @click.option("--status", "status_only", is_flag=True, help="Only show what the checkpoint says, then exit.")
 @click.option("--dry-run", is_flag=True,
               help="Make every check a run makes, read and map one batch, write nothing (no target, no checkpoint).")
+@click.option("--keep-ids", type=click.Path(dir_okay=False), default=None,
+              help="Ids of the rows you re-embedded with the new model (.npy of integers; .json list or one id per "
+                   "line, for string / UUID ids): the target holds their own vectors (--keep-vectors), not mapped "
+                   "ones.")
+@click.option("--keep-vectors", type=click.Path(dir_okay=False), default=None,
+              help="The new-model vectors of --keep-ids, in its order (the pairs the map was fitted on).")
 @click.option("--json", "as_json", is_flag=True, help="JSON lines (progress, then the report) instead of a bar.")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 @click.pass_obj
 def migrate(obj: Ctx, store, text_field, vector_field, id_field, source, target, map_ref, checkpoint, alias,
-            batch_size, pause, index, overwrite, source_space, target_space, status_only, dry_run, as_json, quiet):
+            batch_size, pause, index, overwrite, source_space, target_space, status_only, dry_run, keep_ids,
+            keep_vectors, as_json, quiet):
     """Map every vector of a collection into a new one (ids, texts and other fields kept), resumably.
 
     Exit codes: 0 done, 2 bad input or refused (one line), 75 retry later (the registry locked or not answering, the
     database not answering or lost mid-run: the rows so far are checkpointed), 130 interrupted (Ctrl-C; 143
     SIGTERM, 129 SIGHUP: the batch in flight is finished and checkpointed; run the same command again to resume).
+
+    --keep-ids/--keep-vectors: the rows re-embedded to fit the map keep their own new-model vectors (held in
+    memory: fine up to ~1e6 rows); a resume must give the same ones. Ids no source row has are counted, not refused.
     """
     ckpt = Path(checkpoint) if checkpoint else default_checkpoint(obj.settings.data_dir, source, target)
     if status_only:
@@ -72,7 +82,8 @@ def migrate(obj: Ctx, store, text_field, vector_field, id_field, source, target,
                             registry=obj.registry if needs_registry(map_ref) else None, alias=alias,
                             batch_size=batch_size, overwrite=overwrite, pause=pause, index=index, id_field=id_field,
                             vector_field=vector_field, text_field=text_field, source_space=source_space,
-                            target_space=target_space, progress=progress, dry_run=dry_run)
+                            target_space=target_space, progress=progress, dry_run=dry_run, keep_ids=keep_ids,
+                            keep_vectors=keep_vectors)
     except MigrationInterrupted as exc:
         progress.close()
         word, code = stopped_by(exc)  # 128 + the signal, as every other command exits (143 SIGTERM)
@@ -99,7 +110,15 @@ def migrate(obj: Ctx, store, text_field, vector_field, id_field, source, target,
     emit(d, False, f"migrated {rep.rows} rows {source} -> {target} ({run}) "
                    f"in {rep.seconds:.1f}s; fields: {', '.join(rep.extra.get('fields', [])) or '(none)'}; "
                    f"space {rep.extra.get('space_check')}"
-                   f"{'; alias ' + alias + ' -> ' + target if alias else ''}")
+                   f"{'; alias ' + alias + ' -> ' + target if alias else ''}{_kept_line(rep, source)}")
+
+
+def _kept_line(rep, source: str) -> str:
+    """``; N re-embedded rows kept as given (M of the keep ids not in SOURCE)``, or nothing without a keep set."""
+    if rep.kept is None:
+        return ""
+    return (f"; {rep.kept} re-embedded rows kept as given"
+            + (f" ({rep.keep_not_found} of the keep ids not in {source})" if rep.keep_not_found else ""))
 
 
 _STARTS = {"create": "would create {target} and write {n} rows",
@@ -114,7 +133,8 @@ def _dry_run_line(rep, source: str, target: str, alias: str | None) -> str:
     line = (f"dry run, nothing written: {source} -> "
             + _STARTS[x["start"]].format(target=target, n=x["rows_to_write"], last=rep.resumed_from)
             + f"; space {x['space_check']}; fields: {', '.join(x['fields']) or '(none)'}"
-            + f"; target index: {x['target_index']}")
+            + f"; target index: {x['target_index']}"
+            + (f"; keeping the own vectors of {x['keep_rows']} re-embedded rows" if "keep_rows" in x else ""))
     if x["sample_rows"]:
         line += (f"; a {x['sample_rows']}-row batch read in {x['sample_read_s']:.2f}s and mapped in "
                  f"{x['sample_map_s']:.2f}s (reads and mapping of every row: ~{x['read_map_estimate_s']:.0f}s; "

@@ -39,6 +39,7 @@ from ..vectordb import (
     migrate,
     open_store,
 )
+from ..vectordb.keep import read_keep_ids
 from ..vectordb.lost import lost_as_unavailable
 from ..vectordb.migrate import is_artifact_path
 
@@ -126,7 +127,8 @@ def run_migration(*, store_url: str, source: str, target: str, map_ref, checkpoi
                   index: str | None = None, id_field: str | None = None, vector_field: str | None = None,
                   text_field: str | None = None, source_space: str | None = None, target_space: str | None = None,
                   progress: Callable[[MigrationProgress], None] | None = None, api_key: str | None = None,
-                  ca_file=None, dry_run: bool = False, space_option: str = "--source-space") -> MigrationReport:
+                  ca_file=None, dry_run: bool = False, space_option: str = "--source-space", keep_ids=None,
+                  keep_vectors=None) -> MigrationReport:
     """Migrate ``source`` into ``target`` through ``map_ref`` (artifact path or registry ref), resumably.
 
     ``checkpoint``: a JSON file path (run the same call again to resume). ``pause``: seconds to
@@ -134,10 +136,21 @@ def run_migration(*, store_url: str, source: str, target: str, map_ref, checkpoi
     nothing written (see :func:`service.vectordb.migrate`). ``space_option``: how the face declares
     ``source_space`` (``--source-space``, ``source_space`` over HTTP), for the space check's messages. Raises
     the typed errors of :func:`service.vectordb.migrate`, and MigrationInterrupted on the first Ctrl-C / SIGTERM /
-    SIGHUP (its ``signum`` says which).
+    SIGHUP (its ``signum`` says which). ``keep_ids`` / ``keep_vectors``: the rows re-embedded to fit the map, kept
+    with their own vectors (files, :func:`service.vectordb.keep.read_keep_ids` and a vector file; or arrays; see
+    :func:`service.vectordb.migrate`).
     """
     if pause < 0:
         raise InputError(f"pause must be >= 0, got {pause}")
+    if (keep_ids is None) != (keep_vectors is None):
+        raise InputError("keeping re-embedded rows needs both their ids (--keep-ids) and their new-model vectors "
+                         "(--keep-vectors)")
+    if isinstance(keep_ids, (str, Path)):  # files (the CLI's): arrays (the HTTP body's) are taken as they are
+        keep_ids = read_keep_ids(keep_ids)
+    if isinstance(keep_vectors, (str, Path)):
+        from ..io import read_vectors
+
+        keep_vectors = read_vectors(keep_vectors, encoder_option=None)
     ckpt = FileCheckpoint(checkpoint)
     store = open_store_for(store_url, index=index or "like", id_field=id_field, vector_field=vector_field,
                            text_field=text_field, api_key=api_key, ca_file=ca_file)
@@ -155,7 +168,7 @@ def run_migration(*, store_url: str, source: str, target: str, map_ref, checkpoi
             return migrate(store, source, target, map_ref, registry=registry, alias=alias, batch_size=batch_size,
                            checkpoint=ckpt, progress=on_batch, overwrite=overwrite, source_space=source_space,
                            target_space=target_space, should_stop=stop.event.is_set, dry_run=dry_run,
-                           space_option=space_option)
+                           space_option=space_option, keep_ids=keep_ids, keep_vectors=keep_vectors)
     except MigrationInterrupted as exc:
         exc.signum = stop.signum  # which signal stopped it: SIGTERM exited 130 as Ctrl-C does, not 143
         raise

@@ -2,7 +2,8 @@
 
     python -m service.vectordb migrate --store milvus://127.0.0.1:19530 --source docs_a --target docs_b \\
         --map artifacts/a_to_b.npz --checkpoint docs.ckpt.json [--alias docs] [--batch-size 2000] [--pause 0] \\
-        [--overwrite] [--vector-field emb] [--id-field pk] [--text-field body] [--source-space minilm]
+        [--overwrite] [--vector-field emb] [--id-field pk] [--text-field body] [--source-space minilm] \\
+        [--keep-ids rows_ids.npy --keep-vectors new_pairs.npy]
     python -m service.vectordb status --checkpoint docs.ckpt.json
 
 ``--map`` is an artifact path, or a registry ref with ``--registry URL --artifact-dir DIR``.
@@ -57,6 +58,9 @@ def build_parser() -> argparse.ArgumentParser:
         m.add_argument(f"--{f}-field", default=None, help=f"name of the {f} field (default: the engine's)")
     m.add_argument("--source-space", default=None, help="the space the source vectors live in (checked)")
     m.add_argument("--target-space", default=None, help="recorded on the target (default: the map's)")
+    m.add_argument("--keep-ids", default=None, help="ids of rows re-embedded with the new model (.npy; .json list or "
+                                                    "one per line for string ids): written with --keep-vectors")
+    m.add_argument("--keep-vectors", default=None, help="their new-model vectors, in --keep-ids' order")
     st = sub.add_parser("status", help="what a checkpoint file says")
     st.add_argument("--checkpoint", required=True)
     return ap
@@ -89,7 +93,7 @@ def main(argv=None) -> int:
                             id_field=args.id_field, vector_field=args.vector_field, text_field=args.text_field,
                             source_space=args.source_space, target_space=args.target_space, progress=progress,
                             api_key=settings.vectordb_api_key, ca_file=settings.vectordb_ca_file,
-                            dry_run=args.dry_run)
+                            dry_run=args.dry_run, keep_ids=args.keep_ids, keep_vectors=args.keep_vectors)
     except KeyboardInterrupt:
         exc = MigrationInterrupted("interrupted; run the same command again to resume", 0, 0)
         _err(exc)

@@ -34,7 +34,11 @@ yet recorded is rewritten, and the idempotent upsert keeps one row per id. At th
 is finalised (flush / index / load) and, when ``alias`` is given, the alias is switched to it
 (natively in Milvus and Qdrant; a view in PostgreSQL).
 
-Memory: one batch of ``batch_size × (d_A + d_B)`` floats.
+Kept rows: ``keep_ids`` / ``keep_vectors`` name the rows the migration re-embedded (to fit its map) and their
+new-model vectors; those rows are written with their own vectors, not mapped ones (:mod:`.keep`). The checkpoint
+records the set's digest: a resume with another set is refused.
+
+Memory: one batch of ``batch_size × (d_A + d_B)`` floats; with a keep set, that set too (K ids and K × d_B floats).
 """
 
 from __future__ import annotations
@@ -60,6 +64,7 @@ from .base import (METRICS, CheckpointMismatchError, CollectionExistsError, Coll
                    id_key)
 from ..spaces import SPACE_SAMPLE_ROWS, Reference, judge_rows
 from .checkpoint import Checkpoint, MemoryCheckpoint
+from .keep import KeepSet, check_keep_resume, keep_set
 
 __all__ = ["migrate", "resolve_map", "map_spaces", "is_artifact_path", "map_fingerprint", "MigrationProgress", "MigrationReport",
            "MigrationInterrupted"]
@@ -248,6 +253,8 @@ class MigrationReport:
     map_fingerprint: str
     already_finished: bool = False
     extra: dict = field(default_factory=dict)
+    kept: int | None = None            # rows written with their own new-model vectors (all runs); None: no keep set
+    keep_not_found: int | None = None  # ids of the keep set no row of the source had (at the end), None: no keep set
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -299,7 +306,8 @@ def migrate(store: VectorStore, source: str, target: str, map_, *, alias: str | 
             progress: Callable[[MigrationProgress], None] | None = None, metric: str | None = None,
             overwrite: bool = False, registry=None, source_space: str | None = None,
             target_space: str | None = None, should_stop: Callable[[], bool] | None = None,
-            dry_run: bool = False, space_option: str = "--source-space") -> MigrationReport:
+            dry_run: bool = False, space_option: str = "--source-space", keep_ids=None,
+            keep_vectors=None) -> MigrationReport:
     """Write ``map_(source)`` into a new collection ``target`` (same ids and texts), then switch ``alias``.
 
     Parameters
@@ -336,6 +344,11 @@ def migrate(store: VectorStore, source: str, target: str, map_, *, alias: str | 
     space_option : str
         How the caller declares ``source_space``, named in the space check's refusals and report
         (``--source-space`` on the command line, ``source_space`` in an HTTP request).
+    keep_ids, keep_vectors : array-like, optional
+        Both or neither: the ids (K,) of rows re-embedded with the new model and their vectors (K, d_B), in the ids'
+        order. Those rows get their own vectors instead of mapped ones (:mod:`service.vectordb.keep`: checked before
+        anything is written; held in memory, fine for K up to ~1e6). ``report.kept`` counts them;
+        ``report.keep_not_found`` the ids no source row had (deleted since?), which is no error.
 
     Raises
     ------
@@ -346,7 +359,8 @@ def migrate(store: VectorStore, source: str, target: str, map_, *, alias: str | 
     checkpoint = checkpoint if checkpoint is not None else MemoryCheckpoint()
     kw = {"alias": alias, "batch_size": batch_size, "checkpoint": checkpoint, "progress": progress, "metric": metric,
           "overwrite": overwrite, "registry": registry, "source_space": source_space, "target_space": target_space,
-          "should_stop": should_stop, "dry_run": dry_run, "space_option": space_option}
+          "should_stop": should_stop, "dry_run": dry_run, "space_option": space_option,
+          "keep": None if keep_ids is None and keep_vectors is None else (keep_ids, keep_vectors)}
     if dry_run:  # writes nothing, so it neither waits for nor blocks a run of the same checkpoint
         return _migrate(store, source, target, map_, **kw)
     with checkpoint.lock():
@@ -446,7 +460,7 @@ def _dry_run(store: VectorStore, source: str, target: str, map_, *, state, start
 
 def _migrate(store: VectorStore, source: str, target: str, map_, *, alias, batch_size, checkpoint: Checkpoint,
              progress, metric, overwrite, registry, source_space, target_space, should_stop,
-             dry_run, space_option) -> MigrationReport:
+             dry_run, space_option, keep) -> MigrationReport:
     """:func:`migrate` (under the checkpoint's lock unless ``dry_run``)."""
     label = map_label(map_, registry)
     if isinstance(map_, str) and label:  # a registry ref pinned once: spaces, map and checkpoint of one version
@@ -480,6 +494,10 @@ def _migrate(store: VectorStore, source: str, target: str, map_, *, alias, batch
     d_src = store.dim(source)
     if d_src != map_.source_dim:
         raise DimensionMismatchError(f"{source!r} holds {d_src}-d vectors, the map expects {map_.source_dim}-d")
+    if keep is not None and (keep[0] is None or keep[1] is None):
+        raise InputError("keeping re-embedded rows needs both their ids (--keep-ids) and their new-model vectors "
+                         "(--keep-vectors)")
+    keep = None if keep is None else keep_set(store, source, keep[0], keep[1], map_.target_dim)
     lost = store.unsupported_fields(source)
     if lost:
         raise UnsupportedFieldError(f"{store.engine}: {source!r} has field(s) a migration cannot carry over: "
@@ -491,6 +509,7 @@ def _migrate(store: VectorStore, source: str, target: str, map_, *, alias, batch
     state = checkpoint.load()
     t0 = time.perf_counter()
     start = _start(store, state, source, target, fp, overwrite, label)
+    check_keep_resume(state, keep)
     if state is not None and state.get("nulls") != "kept" and state["last_id"] is not None:
         notes = [NULLS_DROPPED_BEFORE.format(last=state["last_id"])]
     src_metric = store.metric(source)
@@ -500,7 +519,8 @@ def _migrate(store: VectorStore, source: str, target: str, map_, *, alias, batch
         metric = src_metric if src_metric in METRICS else "cosine"
     notes += _metric_notes(source, target, src_metric, metric)
     extra = {"space_check": space_check, "fields": sorted((state or {}).get("fields", [])), "warnings": notes,
-             "target_index": store.target_index(source), "metric": metric}
+             "target_index": store.target_index(source), "metric": metric,
+             **({} if keep is None else {"keep_rows": len(keep)})}
     if dry_run:
         return _dry_run(store, source, target, map_, state=state, start=start, alias=alias, batch_size=batch_size,
                         fp=fp, extra={**extra, "target_space": map_tgt}, t0=t0)
@@ -512,6 +532,8 @@ def _migrate(store: VectorStore, source: str, target: str, map_, *, alias, batch
             store.drop(target)
         store.create(target, map_.target_dim, metric=metric, like=source)
         state = _fresh_state(source, target, fp, store.count(source), label)
+        if keep is not None:  # the set's identity, as the map's: a resume with another set is refused
+            state.update(keep_digest=keep.digest, keep_rows=len(keep), kept=0)
         checkpoint.save(state)
         resumed_from = None
 
@@ -528,7 +550,7 @@ def _migrate(store: VectorStore, source: str, target: str, map_, *, alias, batch
         # n_tgt as counted above: a pgvector count(*) is a scan of the table
         return MigrationReport(store.engine, source, target, alias, n_tgt, 0, resumed_from,
                                int(state["batches"]), time.perf_counter() - t0, fp, already_finished=True,
-                               extra=extra)
+                               extra=extra, **_kept(state, keep))
 
     total = store.count(source)
     rows_run = 0
@@ -540,6 +562,9 @@ def _migrate(store: VectorStore, source: str, target: str, map_, *, alias, batch
         for batch in store.scan(source, after_id=state["last_id"], batch_size=batch_size, with_fields=True):
             _check_vectors(source, batch)
             Y = map_.apply(batch.vectors, output="raw")
+            if keep is not None:  # the re-embedded rows as they are; counted in the checkpoint with their batch
+                Y, n_kept = keep.apply(batch.ids, Y)
+                state["kept"] = int(state.get("kept", 0)) + n_kept
             store.upsert(target, batch.ids, Y, batch.texts, batch.fields, sparse=batch.sparse)
             rows_run += len(batch)
             fields_seen |= _fields_of(store, batch)
@@ -581,4 +606,13 @@ def _migrate(store: VectorStore, source: str, target: str, map_, *, alias, batch
     extra["fields"] = sorted(fields_seen)
     extra["target_space"] = map_tgt
     return MigrationReport(store.engine, source, target, alias, rows, rows_run, resumed_from,
-                           int(state["batches"]), time.perf_counter() - t0, fp, extra=extra)
+                           int(state["batches"]), time.perf_counter() - t0, fp, extra=extra, **_kept(state, keep))
+
+
+def _kept(state: dict, keep: KeepSet | None) -> dict:
+    """The report's ``kept`` (rows written with their own vectors, every run) and ``keep_not_found`` (ids of the
+    set no source row had): none without a keep set."""
+    if keep is None:
+        return {}
+    kept = int(state.get("kept", 0))
+    return {"kept": kept, "keep_not_found": max(len(keep) - kept, 0)}
