@@ -3,15 +3,23 @@ from :mod:`.schemas` (whose building blocks they use)."""
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictStr
 
 from .name_types import Name, Ref
+from .number_types import count
 from .schemas import Count, Dim, DimCount, MapPath, Real, Seed, _Page, _Strict, _Vectors
 
-__all__ = ["CollectionSearchOptions", "CollectionSearchRequest", "CollectionSearchResponse", "MigrationList",
-           "MigrationRequest", "MigrationStatus", "VerificationRequest"]
+__all__ = ["CollectionSearchOptions", "CollectionSearchRequest", "CollectionSearchResponse", "KeepRows",
+           "MigrationList", "MigrationRequest", "MigrationStatus", "VerificationRequest"]
+
+
+class KeepRows(_Vectors):
+    model_config = ConfigDict(extra="forbid")
+    ids: list[count(-2**63, 2**63 - 1) | Annotated[StrictStr, Field(min_length=1)]] = Field(
+        ..., description="Ids of the rows re-embedded with the new model: integers, or strings (UUIDs, keys); one per "
+                         "row of `vectors`, in their order, none twice.")
 
 
 class MigrationRequest(_Strict):
@@ -33,6 +41,11 @@ class MigrationRequest(_Strict):
     vector_field: str | None = None
     text_field: str | None = None
     dry_run: bool = Field(False, description="Every check a run makes, one batch read and mapped, nothing written.")
+    keep: KeepRows | None = Field(
+        None, description="The rows the migration re-embedded to fit its map, with their new-model vectors (width: the "
+                          "map's target): written as given instead of mapped (`vecbridge migrate --keep-ids "
+                          "--keep-vectors`). Held in memory; a resume must send the same set. The report counts `kept` "
+                          "and `keep_not_found` (ids no source row has: not an error).")
 
 
 class VerificationRequest(_Strict):

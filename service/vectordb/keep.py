@@ -36,7 +36,7 @@ from align.exceptions import (
 
 from .base import CheckpointMismatchError, VectorStore, as_ids
 
-__all__ = ["KeepSet", "check_keep_resume", "keep_set", "read_keep_ids"]
+__all__ = ["KeepSet", "check_keep", "check_keep_resume", "keep_set", "read_keep_ids"]
 
 _INT = re.compile(r"[+-]?[0-9]+")
 
@@ -125,9 +125,10 @@ def _source_id_kind(store: VectorStore, source: str) -> str | None:
     return "str" if batch.ids.dtype.kind in "UO" else "int"
 
 
-def keep_set(store: VectorStore, source: str, ids, vectors, dim: int) -> KeepSet:
-    """The keep set of a migration of ``source`` into ``dim``-d vectors, checked before anything is written: one
-    ``dim``-d finite vector per id (in the ids' order), ids of the kind ``source`` keys its rows by, none twice."""
+def check_keep(ids, vectors, dim: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(ids, vectors)`` of a keep set checked as far as it can be without its collection: one ``dim``-d finite
+    vector per id (in the ids' order; float32), integer or string ids (:func:`~service.vectordb.base.as_ids`), none
+    listed twice."""
     vec = np.asarray(vectors)
     if vec.ndim != 2 or vec.dtype.kind not in "fiu":
         raise InputError(f"the re-embedded rows' vectors must be a 2-D array of numbers, got shape {vec.shape} "
@@ -147,6 +148,25 @@ def keep_set(store: VectorStore, source: str, ids, vectors, dim: int) -> KeepSet
     if bad.any():
         raise NonFiniteError(f"the keep vectors hold {int(bad.sum())} row(s) with NaN or Inf (ids "
                              f"{arr[bad][:10].tolist()}): a kept row is written as given")
+    _no_twice(arr)
+    return arr, vec
+
+
+def _no_twice(ids: np.ndarray) -> np.ndarray:
+    """The order that sorts ``ids``; InputError naming an id listed more than once."""
+    order = np.argsort(ids, kind="stable")
+    keys = ids[order]
+    dup = keys[1:][keys[1:] == keys[:-1]]
+    if dup.size:
+        raise InputError(f"the keep ids list {dup.size} id(s) more than once (e.g. {dup[0].item()!r}): each "
+                         "re-embedded row has one new-model vector")
+    return order
+
+
+def keep_set(store: VectorStore, source: str, ids, vectors, dim: int) -> KeepSet:
+    """The keep set of a migration of ``source`` into ``dim``-d vectors, checked before anything is written
+    (:func:`check_keep`), its ids read as ``source`` keys its rows (the module says how)."""
+    arr, vec = check_keep(ids, vectors, dim)
     kind = _source_id_kind(store, source)
     if arr.dtype.kind == "U":
         if kind == "int":
@@ -159,13 +179,8 @@ def keep_set(store: VectorStore, source: str, ids, vectors, dim: int) -> KeepSet
             arr = np.array([_canon(s) for s in arr.tolist()], dtype=str)
     elif kind == "str":  # decimal integers from a text file, for a text / varchar id column
         arr = arr.astype(str)
-    order = np.argsort(arr, kind="stable")
-    keys = arr[order]
-    dup = keys[1:][keys[1:] == keys[:-1]]
-    if dup.size:
-        raise InputError(f"the keep ids list {dup.size} id(s) more than once (e.g. {dup[0].item()!r}): each "
-                         "re-embedded row has one new-model vector")
-    return KeepSet(keys, vec[order])
+    order = _no_twice(arr)  # again: two spellings of one UUID, "+5" and "5"
+    return KeepSet(arr[order], vec[order])
 
 
 def check_keep_resume(state: dict | None, keep: KeepSet | None) -> None:

@@ -25,7 +25,8 @@ from ...ops.vectordb import (
     verify_verdict,
 )
 from ...vectordb.base import check_name
-from ..codec import parse_json, validate
+from ...vectordb.keep import check_keep
+from ..codec import parse_json, validate, vectors_from_json
 from ..job_routes import job_route
 from ..pagination import list_route
 from ..schemas import error_responses
@@ -39,10 +40,12 @@ fields kept; the answer (202) carries the job id at once. `GET /v1/jobs/{id}` fo
 fraction = rows written / rows in the source; on success `result.report`: rows, batches, seconds, fields, the
 space check); `DELETE /v1/jobs/{id}` stops it after the batch in flight. The checkpoint (`checkpoint` in the
 result, the CLI's default place) makes the same request resume where it stopped; `vecbridge migrate --status`
-reads it. `dry_run: true` makes every check a run makes, reads and maps one batch, and writes nothing.
+reads it. `dry_run: true` makes every check a run makes, reads and maps one batch, and writes nothing. `keep`
+(ids + vectors of the rows re-embedded to fit the map) writes those rows' own new-model vectors instead of mapped
+ones; the report counts `kept` and `keep_not_found`.
 
 Refused before a job exists: no vector database configured (503), an unknown map (404), a bad collection name
-(422). Refusals that need the database (the source missing, an existing target without `overwrite`, a map of
+or `keep` set (its vectors not the map's target width, NaN, ids and rows of different counts: 422). Refusals that need the database (the source missing, an existing target without `overwrite`, a map of
 another space or dimension, a field that cannot travel) end the job `failed` with the message; nothing is
 written.
 """
@@ -51,7 +54,8 @@ written.
 @job_route(router, "/migrations", kind="migration", summary="Queue a vector-database migration",
            description=MIGRATION_DOC, body_model=MigrationRequest, example="create_migration")
 def create_migration(body: bytes, request, state, settings):
-    opts = validate(MigrationRequest, parse_json(body))
+    obj = parse_json(body)
+    opts = validate(MigrationRequest, obj)
     url = configured_url(settings)
     check_name(opts.source), check_name(opts.target)
     if opts.alias is not None:
@@ -59,6 +63,11 @@ def create_migration(body: bytes, request, state, settings):
     v = state.registry.resolve(opts.map)  # 404 for an unknown map; pinned: an alias moving later changes nothing
     ref = f"{v.name}:{v.version}"
     checkpoint = default_checkpoint(settings.data_dir, opts.source, opts.target)
+    keep_ids = keep_vectors = None
+    if opts.keep is not None:  # its count, width and NaN checked now; its ids against the source in the job
+        dim = state.registry.load_map(ref).target_dim
+        keep_ids, keep_vectors = check_keep(opts.keep.ids, vectors_from_json(
+            obj["keep"], dim=None, max_batch=settings.max_batch, name="vectors", finite=False), dim)
 
     def job(ctx):
         ctx.progress("connect", 0.0)
@@ -72,7 +81,8 @@ def create_migration(body: bytes, request, state, settings):
                             index=opts.index, id_field=opts.id_field, vector_field=opts.vector_field,
                             text_field=opts.text_field, source_space=opts.source_space,
                             target_space=opts.target_space, progress=progress, api_key=settings.vectordb_api_key,
-                            ca_file=settings.vectordb_ca_file, dry_run=opts.dry_run, space_option="source_space")
+                            ca_file=settings.vectordb_ca_file, dry_run=opts.dry_run, space_option="source_space",
+                            keep_ids=keep_ids, keep_vectors=keep_vectors)
         return {"map": ref, "checkpoint": str(checkpoint), "report": rep.to_dict()}
 
     what = "dry run of a migration" if opts.dry_run else "migrate"

@@ -33,7 +33,7 @@ def world(milvus_url, tmp_path_factory):  # noqa: F811
     url = _store_url(milvus_url)
     with seeded_uvicorn(tmp, {"VECBRIDGE_VECTORDB_URL": url}) as (base, (X, _, m)):
         with open_store(url) as s:
-            for name in ("h_src", "h_dst", "h_dry", "h_cut", "h_taken", "h_ver", "h_cli", "h_list"):
+            for name in ("h_src", "h_dst", "h_dry", "h_cut", "h_taken", "h_ver", "h_cli", "h_list", "h_keep", "h_bad"):
                 s.drop(name)
             s.create("h_src", X.shape[1])
             s.set_space("h_src", "a")
@@ -99,6 +99,40 @@ def test_a_cancelled_migration_resumes_from_its_checkpoint(world):
     rep = job["result"]["report"]
     assert job["state"] == "succeeded" and rep["resumed_from"] is not None, job
     assert rep["rows"] == 300 and 0 < rep["rows_this_run"] < 300  # the rest only
+
+
+def test_a_migration_job_keeps_the_re_embedded_rows_own_vectors(world):
+    """``keep``: the rows re-embedded to fit the map are written with their given vectors, the others mapped; an
+    id no source row has is counted in the report, not refused."""
+    m, rows = world["map"], np.array([4, 0, 150, 299])
+    Y = np.random.default_rng(7).normal(size=(5, m.target_dim)).astype(np.float32)
+    Y /= np.linalg.norm(Y, axis=1, keepdims=True)
+    keep = {"ids": [int(i) * 3 for i in rows] + [1], "vectors": Y.tolist()}  # 1: no id of h_src (0, 3, 6, ...)
+    job = wait_http_job(world["client"], _post(world, source="h_src", target="h_keep", map="a2b", batch_size=64,
+                                               keep=keep).json()["id"])
+    assert job["state"] == "succeeded", job
+    rep = job["result"]["report"]
+    assert rep["rows"] == 300 and rep["kept"] == 4 and rep["keep_not_found"] == 1
+    with open_store(world["url"]) as s:
+        got = s.fetch("h_keep", np.arange(300) * 3).vectors
+    np.testing.assert_allclose(got[rows], Y[:4], rtol=0, atol=1e-6)
+    others = np.setdiff1d(np.arange(300), rows)
+    np.testing.assert_allclose(got[others], m.apply(world["X"], output="raw")[others], rtol=1e-5, atol=1e-5)
+    assert not np.allclose(m.apply(world["X"][rows], output="raw"), Y[:4], atol=1e-2)
+
+
+def test_a_bad_keep_set_is_refused_before_a_job_exists(world):
+    d = world["map"].target_dim
+    cases = [({"ids": [0, 3], "vectors": [[0.1] * d]}, "keep ids list 2"),
+             ({"ids": [0], "vectors": [[0.1] * (d + 1)]}, f"map's target (the new model) is {d}-d"),
+             ({"ids": [3, 3], "vectors": [[0.1] * d] * 2}, "more than once"),
+             ({"ids": [0], "vectors": [[0.1] * d], "rows": [1]}, "rows"),
+             ({"ids": [True], "vectors": [[0.1] * d]}, "ids")]
+    for keep, word in cases:
+        r = _post(world, source="h_src", target="h_bad", map="a2b", keep=keep)
+        assert r.status_code == 422 and word in r.json()["error"]["message"], (keep, r.text)
+    with open_store(world["url"]) as s:
+        assert not s.exists("h_bad")
 
 
 def test_refusals_before_and_inside_the_job(world):
