@@ -45,9 +45,10 @@ reads it. `dry_run: true` makes every check a run makes, reads and maps one batc
 ones; the report counts `kept` and `keep_not_found`.
 
 Refused before a job exists: no vector database configured (503), an unknown map (404), a bad collection name
-or `keep` set (its vectors not the map's target width, NaN, ids and rows of different counts: 422). Refusals that need the database (the source missing, an existing target without `overwrite`, a map of
-another space or dimension, a field that cannot travel) end the job `failed` with the message; nothing is
-written.
+or `keep` set (vectors not of the map's target width, NaN, an id twice, ids and rows of different counts: 422).
+Refusals that need the database (the source missing, an existing target without `overwrite`, a map of another
+space or dimension, a field that cannot travel, keep ids of another kind than the source's) end the job `failed`
+with the message; nothing is written.
 """
 
 

@@ -262,7 +262,8 @@ def test_metadata_routes_get_the_small_body_limit(tmp_path):
     assert ops["/v1/plans"]["post"]["description"].endswith("Body limit: 1000000 bytes (`limits.body_bytes_json`).")
     assert "(`limits.body_bytes_small`)" in ops["/v1/steers/{name}/aliases/{alias}"]["put"]["description"]
     # a migration's body may carry its keep set (the re-embedded rows' vectors): a bulk JSON body
-    assert ops["/v1/migrations"]["post"]["description"].endswith("Body limit: 1000000 bytes (`limits.body_bytes_json`).")
+    assert ops["/v1/migrations"]["post"]["description"].endswith(
+        "Body limit: 1000000 bytes (`limits.body_bytes_json`).")
 
 
 # --- aliases and soft delete --------------------------------------------------------------------
