@@ -195,3 +195,22 @@ def test_a_dry_run_says_how_many_rows_it_would_keep(capsys, world):
     assert code == 0, err
     assert "keeping the own vectors of 8 re-embedded rows" in out
     assert not _exists(w, "k_kept")
+
+
+def test_python_m_service_vectordb_takes_the_same_keep_files(capsys, world):
+    from service.vectordb.__main__ import main
+
+    w = world
+    capsys.readouterr()
+    code = main(["migrate", "--store", w["url"], "--source", "k_src", "--target", "k_kept", "--map",
+                 str(w["dir"] / "m.npz"), "--checkpoint", str(w["dir"] / "pm.json"), "--batch-size", "50",
+                 "--keep-ids", str(w["ids_file"]), "--keep-vectors", str(w["vectors"])])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    rep = json.loads(out.strip().splitlines()[-1])["report"]
+    assert rep["kept"] == len(KEEP) and rep["keep_not_found"] == 1
+    np.testing.assert_allclose(_vectors(w, "k_kept")[KEEP], w["Y"][:len(KEEP)], rtol=0, atol=1e-6)
+    code = main(["migrate", "--store", w["url"], "--source", "k_src", "--target", "k_other", "--map",
+                 str(w["dir"] / "m.npz"), "--checkpoint", str(w["dir"] / "po.json"), "--keep-ids", str(w["ids_file"])])
+    assert code == 2 and "needs both their ids" in capsys.readouterr().err
+    assert not _exists(w, "k_other")
