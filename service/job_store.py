@@ -59,6 +59,9 @@ class Job:
     idempotency_key: str | None = None
     request_hash: str | None = None
     cancel_requested: bool = False
+    # its place in the order jobs were made (the store's insertion sequence: increasing, never reused, whatever the
+    # wall clock did); the order jobs are listed, paged and trimmed in. None until it is stored (or queued).
+    seq: int | None = None
     # the wall clock read once, then moved on by the monotonic clock: the durations of a job are never negative
     _clock: tuple[float, float] = field(default_factory=lambda: (time.time(), time.monotonic()), repr=False,
                                         compare=False)
@@ -79,7 +82,7 @@ class Job:
                 "run_seconds": (max(0.0, (self.finished_at or now) - self.started_at) if self.started_at else None),
                 "stages": dict(self.stage_seconds),
             },
-            "result": self.result, "error": self.error, "cancel_requested": self.cancel_requested,
+            "result": self.result, "error": self.error, "cancel_requested": self.cancel_requested, "seq": self.seq,
         }
 
     def _stage_clock(self, now: float) -> dict:
@@ -106,6 +109,15 @@ def _plain(v):
 _COLS = ("id", "kind", "description", "state", "stage", "fraction", "created_at", "started_at", "finished_at",
          "stage_seconds", "result", "error", "idempotency_key", "request_hash", "cancel_requested", "owner")
 _JSON_COLS = ("stage_seconds", "result", "error")
+_READ = ", ".join((*_COLS, "seq"))  # what a read selects: the written columns and the insertion sequence
+# ``seq`` aliases the rowid (stable under VACUUM) and AUTOINCREMENT never hands out a number again, even the newest
+# one's after a trim deleted it: jobs are listed, paged and trimmed by it, not by the wall clock of created_at (a
+# clock that was ahead made the jobs after it look old: missing from the newest page, the first to be trimmed)
+_TABLE = """CREATE TABLE IF NOT EXISTS {name} (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT, id TEXT NOT NULL UNIQUE, kind TEXT NOT NULL, description TEXT NOT NULL,
+    state TEXT NOT NULL, stage TEXT NOT NULL, fraction REAL NOT NULL, created_at REAL NOT NULL, started_at REAL,
+    finished_at REAL, stage_seconds TEXT NOT NULL, result TEXT, error TEXT, idempotency_key TEXT UNIQUE,
+    request_hash TEXT, cancel_requested INTEGER NOT NULL DEFAULT 0, owner TEXT NOT NULL, saved_at REAL)"""
 
 
 class JobStore:
@@ -142,15 +154,26 @@ class JobStore:
         self._owner_fd: int | None = None
         self._local = threading.local()
         with self._tx() as c:
-            c.execute("""CREATE TABLE IF NOT EXISTS jobs (
-                id TEXT PRIMARY KEY, kind TEXT NOT NULL, description TEXT NOT NULL, state TEXT NOT NULL,
-                stage TEXT NOT NULL, fraction REAL NOT NULL, created_at REAL NOT NULL, started_at REAL,
-                finished_at REAL, stage_seconds TEXT NOT NULL, result TEXT, error TEXT,
-                idempotency_key TEXT UNIQUE, request_hash TEXT, cancel_requested INTEGER NOT NULL DEFAULT 0,
-                owner TEXT NOT NULL)""")
-            c.execute("CREATE INDEX IF NOT EXISTS jobs_state ON jobs (state, owner)")
-            if "saved_at" not in {r[1] for r in c.execute("PRAGMA table_info(jobs)")}:  # a store of 0.x: add it
+            c.execute(_TABLE.format(name="jobs"))
+            have = {r[1] for r in c.execute("PRAGMA table_info(jobs)")}
+            if "saved_at" not in have:  # a store of 0.x: add it
                 c.execute("ALTER TABLE jobs ADD COLUMN saved_at REAL")  # the last write: when a crash stopped a job
+            if "seq" not in have:
+                self._add_seq(c)
+            c.execute("CREATE INDEX IF NOT EXISTS jobs_state ON jobs (state, owner)")
+
+    @staticmethod
+    def _add_seq(c: sqlite3.Connection) -> None:
+        """Upgrade a store written before ``seq`` in place (in the caller's transaction): its rows copied into a table
+        with the sequence, numbered in their ``created_at`` order (all they had), the jobs made from now on after them.
+        Releases before it still read and write the table: they name every column but ``seq``, which fills itself."""
+        cols = ", ".join((*_COLS, "saved_at"))
+        c.execute("DROP TABLE IF EXISTS jobs_upgrading")  # not left by a crash (DDL is transactional): by a hand
+        c.execute(_TABLE.format(name="jobs_upgrading"))
+        c.execute(f"INSERT INTO jobs_upgrading (seq, {cols}) SELECT ROW_NUMBER() OVER (ORDER BY created_at, id), "
+                  f"{cols} FROM jobs")
+        c.execute("DROP TABLE jobs")  # and its index
+        c.execute("ALTER TABLE jobs_upgrading RENAME TO jobs")
 
     # --- connection -------------------------------------------------------------------------
     def _conn(self) -> sqlite3.Connection:
@@ -262,7 +285,7 @@ class JobStore:
     def trim(self) -> None:
         with self._tx() as c:
             c.execute("DELETE FROM jobs WHERE id IN (SELECT id FROM jobs WHERE state IN ('succeeded', 'failed', "
-                      "'cancelled') ORDER BY created_at DESC LIMIT -1 OFFSET ?)", (self.keep_finished,))
+                      "'cancelled') ORDER BY seq DESC LIMIT -1 OFFSET ?)", (self.keep_finished,))
 
     # --- rows -------------------------------------------------------------------------------
     @staticmethod
@@ -279,7 +302,8 @@ class JobStore:
 
     @staticmethod
     def _job(row) -> Job:
-        d = dict(zip(_COLS, row))
+        """The job of a row of :data:`_READ`."""
+        d = dict(zip((*_COLS, "seq"), row))
         for k in _JSON_COLS:
             d[k] = None if d[k] is None else json.loads(d[k])
         d["stage_seconds"] = d["stage_seconds"] or {}
@@ -292,12 +316,12 @@ class JobStore:
         owner = self.claim_owner()
         with self._tx() as c:
             if job.idempotency_key is not None:
-                r = c.execute(f"SELECT {', '.join(_COLS)} FROM jobs WHERE idempotency_key = ?",
+                r = c.execute(f"SELECT {_READ} FROM jobs WHERE idempotency_key = ?",
                               (job.idempotency_key,)).fetchone()
                 if r is not None:
                     return self._job(r)
-            c.execute(f"INSERT INTO jobs ({', '.join(_COLS)}) VALUES ({', '.join('?' * len(_COLS))})",
-                      self._row(job, owner))
+            job.seq = c.execute(f"INSERT INTO jobs ({', '.join(_COLS)}) VALUES ({', '.join('?' * len(_COLS))})",
+                                self._row(job, owner)).lastrowid
         self._inserted += 1
         if self._inserted % self.trim_every == 0:  # a server that runs for months keeps its history bounded too
             try:
@@ -309,7 +333,7 @@ class JobStore:
     def by_key(self, key: str) -> Job | None:
         """The job an idempotency key created, or None."""
         with self._busy():
-            r = self._conn().execute(f"SELECT {', '.join(_COLS)} FROM jobs WHERE idempotency_key = ?",
+            r = self._conn().execute(f"SELECT {_READ} FROM jobs WHERE idempotency_key = ?",
                                      (key,)).fetchone()
         return None if r is None else self._job(r)
 
@@ -344,8 +368,8 @@ class JobStore:
         if not ids:
             return {}
         with self._busy():
-            rows = self._conn().execute(f"SELECT {', '.join(_COLS)} FROM jobs WHERE id IN ({', '.join('?' * len(ids))})"
-                                        f" AND state IN {TERMINAL}", list(ids)).fetchall()
+            rows = self._conn().execute(f"SELECT {_READ} FROM jobs WHERE id IN ({', '.join('?' * len(ids))}) AND "
+                                        f"state IN {TERMINAL}", list(ids)).fetchall()
         return {r[0]: self._job(r) for r in rows}
 
     def request_cancel(self, job_id: str) -> None:
@@ -357,26 +381,25 @@ class JobStore:
     def get(self, job_id: str) -> tuple[Job, str] | None:
         """``(job, owner)``, or None."""
         with self._busy():
-            r = self._conn().execute(f"SELECT {', '.join(_COLS)} FROM jobs WHERE id = ?", (job_id,)).fetchone()
-        return None if r is None else (self._job(r), r[-1])
+            r = self._conn().execute(f"SELECT {_READ} FROM jobs WHERE id = ?", (job_id,)).fetchone()
+        return None if r is None else (self._job(r), r[_COLS.index("owner")])
 
-    def list(self, limit: int = 1000, after: tuple[float, str] | None = None, *, newest: bool = False,
+    def list(self, limit: int = 1000, after: int | None = None, *, newest: bool = False,
              states: tuple[str, ...] | None = None, kinds: tuple[str, ...] | None = None) -> list[Job]:
-        """The newest ``limit`` records oldest first; with ``after`` (a ``(created_at, id)`` key) the first
-        ``limit`` records past it, so pages walk every record. ``newest``: newest first, ``after`` then the key
-        the records come before. Only records in one of ``states`` / of one of ``kinds`` when given."""
-        cols = ", ".join(_COLS)
+        """The newest ``limit`` records oldest first (in ``seq`` order: as they were made); with ``after`` (a ``seq``)
+        the first ``limit`` records past it, so pages walk every record. ``newest``: newest first, ``after`` then the
+        ``seq`` the records come before. Only records in one of ``states`` / of one of ``kinds`` when given."""
         where, args = [], []
         for col, values in (("state", states), ("kind", kinds)):
             if values is not None:
                 where.append(f"{col} IN ({', '.join('?' * len(values))})" if values else "0")
                 args += list(values)
         if after is not None:
-            where.append(f"(created_at, id) {'<' if newest else '>'} (?, ?)")
-            args += list(after)
-        sql = f"SELECT {cols} FROM jobs {'WHERE ' + ' AND '.join(where) if where else ''} ORDER BY created_at"
+            where.append(f"seq {'<' if newest else '>'} ?")
+            args.append(int(after))
+        sql = f"SELECT {_READ} FROM jobs {'WHERE ' + ' AND '.join(where) if where else ''} ORDER BY seq"
         desc = newest or after is None  # no key, oldest first: the newest `limit`, turned round
-        sql += " DESC, id DESC LIMIT ?" if desc else ", id LIMIT ?"
+        sql += " DESC LIMIT ?" if desc else " LIMIT ?"
         with self._busy():
             rows = self._conn().execute(sql, (*args, int(limit))).fetchall()
         return [self._job(r) for r in (rows[::-1] if desc and not newest else rows)]

@@ -31,6 +31,7 @@ records live in memory only (tests, library use).
 
 from __future__ import annotations
 
+import itertools
 import sqlite3
 import threading
 import time
@@ -170,6 +171,7 @@ class JobManager:
         self._joining = 0  # submits past the queue check whose job is not in _jobs yet (their store insert runs)
         self._owners: dict[str, str] = {}  # job id -> who submitted it (submit's owner), for the per-owner bound
         self._joining_by: Counter[str] = Counter()  # _joining, per owner
+        self._seq = itertools.count(1)  # the order of this process's jobs without a store (Job.seq)
 
     def open(self) -> int:
         """Claim this process's owner lock, fail the unfinished jobs of dead processes, trim old records.
@@ -215,20 +217,20 @@ class JobManager:
         out = [mine.pop(j.id, j) for j in self.store.list(self._keep, states=states, kinds=kinds)]
         return [j for j in out + list(mine.values()) if _wanted(j, states, kinds)]
 
-    def page(self, limit: int, after: tuple[float, str] | None = None, *, newest: bool = False,
+    def page(self, limit: int, after: int | None = None, *, newest: bool = False,
              states: tuple[str, ...] | None = None, kinds: tuple[str, ...] | None = None) -> list[Job]:
-        """The first ``limit`` jobs past ``after`` in ``(created_at, id)`` order (``newest``: the reverse order, the
-        first ``limit`` before ``after``): unlike :meth:`list` (the newest ``keep_finished``), successive pages reach
-        every stored record. Filtered as :meth:`list`."""
+        """The first ``limit`` jobs past the ``seq`` ``after`` in the order they were made (``newest``: the reverse
+        order, the first ``limit`` before ``after``): unlike :meth:`list` (the newest ``keep_finished``), successive
+        pages reach every stored record. Filtered as :meth:`list`."""
         self._adopt_cancels()
         with self._lock:
             mine = dict(self._jobs)
         if self.store is None:
-            jobs = sorted(mine.values(), key=lambda j: (j.created_at, j.id), reverse=newest)
+            jobs = sorted(mine.values(), key=lambda j: j.seq, reverse=newest)
             return [j for j in jobs if _wanted(j, states, kinds) and (
-                after is None or ((j.created_at, j.id) < after if newest else (j.created_at, j.id) > after))][:limit]
+                after is None or (j.seq < after if newest else j.seq > after))][:limit]
         if after is None and not newest:
-            after = (-1.0, "")
+            after = 0  # the store's seq starts at 1
         # this process's record of a job is newer than the stored one (its state the same but for a moment; for
         # good when its final write failed): one that no longer matches leaves a gap, refilled from the rows past
         # the batch, so a page never ends early
@@ -238,7 +240,7 @@ class JobManager:
             out += [j for j in (mine.get(s.id, s) for s in batch) if _wanted(j, states, kinds)]
             if len(out) >= limit or len(batch) < limit:
                 return out[:limit]
-            after = (batch[-1].created_at, batch[-1].id)
+            after = batch[-1].seq
 
     def counts(self) -> dict[str, int]:
         """Jobs by state, as :meth:`list` sees them: the durable store's records (every process of the
@@ -342,8 +344,8 @@ class JobManager:
                 self._joining += 1
                 if owner is not None:
                     self._joining_by[owner] += 1
-                job = Job(id=uuid.uuid4().hex, kind=kind, description=description,
-                          idempotency_key=idempotency_key, request_hash=request_hash)
+                job = Job(id=uuid.uuid4().hex, kind=kind, description=description, seq=next(self._seq),
+                          idempotency_key=idempotency_key, request_hash=request_hash)  # a store numbers it anew
         if full:
             # a retry whose key created a job of another process (a sibling worker, or before a restart) is answered
             # that job (or its conflict) as when the queue has room; before, it was a 429 until the queue emptied

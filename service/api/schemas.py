@@ -514,6 +514,8 @@ class JobOut(BaseModel):
     result: dict[str, Any] | None = Field(None, description="On success; fits: `ref` and the registered `version`.")
     error: dict[str, Any] | None = Field(None, description="On failure or cancel: `type`, `message`.")
     cancel_requested: bool
+    seq: int | None = Field(None, description="The job's place in the order the data dir's jobs were made (increasing, "
+                                              "never reused; not the wall clock): the order of the list.")
 
 
 class JobList(_Page):

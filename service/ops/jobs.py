@@ -15,7 +15,7 @@ from align.exceptions import InputError
 
 from ..jobs import Job, JobContext, JobManager
 
-__all__ = ["submit", "per_key_limit", "list_jobs", "get_job", "cancel_job"]
+__all__ = ["submit", "per_key_limit", "list_jobs", "cursor_key", "get_job", "cancel_job"]
 
 
 def submit(jobs: JobManager, fn: Callable[[JobContext], dict | None], *, kind: str, description: str,
@@ -49,8 +49,8 @@ def list_jobs(jobs: JobManager, limit: int | None = None, after=None, *, newest:
     """Jobs this data dir knows (``to_dict`` records) and the count per state (every stored record).
 
     Without ``limit``: the newest ones the manager keeps in view (``keep_finished``, 1000). With ``limit``:
-    the first ``limit`` jobs past ``after`` (a ``(created_at, id)`` key; ``newest``: newest first, the jobs before
-    it), so a walk of pages reaches every stored job; a key of another shape is an InputError. ``states`` /
+    the first ``limit`` jobs past ``after`` (a decoded cursor, :func:`cursor_key`; ``newest``: newest first, the jobs
+    before it), so a walk of pages reaches every stored job; a key of another shape is an InputError. ``states`` /
     ``kinds``: only the jobs in one of those states / of one of those kinds (the counts still count every job).
     """
     if after is not None:
@@ -60,21 +60,34 @@ def list_jobs(jobs: JobManager, limit: int | None = None, after=None, *, newest:
     return [j.to_dict() for j in jobs.page(limit, after, newest=newest, states=states, kinds=kinds)], jobs.counts()
 
 
-def _cursor_key(after, newest: bool) -> tuple[float, str]:
-    """The ``(created_at, id)`` of a decoded cursor: ``(created_at, id)`` made under ``order=oldest``, with a third
-    element ``"newest"`` under ``order=newest``. Made under the other order: an InputError saying which (it would walk
-    the other way); of another shape: an InputError, not this list's."""
+def cursor_key(record: dict, newest: bool) -> tuple:
+    """A job's place in the list, as its cursor holds it: ``("seq", seq)``, with a third element ``"newest"`` under
+    ``order=newest`` (the same place walks the other way under ``order=oldest``: the jobs after it, not before).
+    ``seq`` is the order jobs were made in: unique, never changing, and never going back with the wall clock
+    (``created_at`` did: a clock that had been ahead put the jobs made after it behind the old ones). The tag
+    first: a release before it, rolled back to, refuses such a cursor (422) instead of reading it as a time."""
+    return ("seq", record["seq"], "newest") if newest else ("seq", record["seq"])
+
+
+def _cursor_key(after, newest: bool) -> int:
+    """The ``seq`` of a decoded cursor (:func:`cursor_key`). Made under the other order: an InputError saying which
+    (it would walk the other way); made by a release that paged by ``(created_at, id)``, or of another shape: an
+    InputError, not this list's."""
     made_newest = isinstance(after, tuple) and len(after) == 3 and after[2] == "newest"
     key = after[:2] if made_newest else after
-    ours = (isinstance(key, tuple) and len(key) == 2 and isinstance(key[1], str)
-            and isinstance(key[0], (int, float)) and not isinstance(key[0], bool))
+    ours = (isinstance(key, tuple) and len(key) == 2 and key[0] == "seq" and isinstance(key[1], int)
+            and not isinstance(key[1], bool) and 0 <= key[1] < 2**63)  # a larger one overflows SQLite's binding
+    old = (isinstance(key, tuple) and len(key) == 2 and isinstance(key[0], float) and isinstance(key[1], str))
     if newest != made_newest and (made_newest or ours):
         made, sent = ("newest", "oldest") if made_newest else ("oldest", "newest")
         raise InputError(f"cursor was made under order={made} and sent with order={sent}; send it with "
                          f"order={made}, or drop the cursor to start the order={sent} list again")
+    if old:
+        raise InputError("cursor was made by an earlier release, which paged jobs by their creation time; jobs are "
+                         "now listed in the order they were made: drop the cursor to start the list again")
     if not ours:
         raise InputError("cursor does not belong to this list; send the `next` value of the previous page")
-    return float(key[0]), key[1]  # created_at is a REAL: an integer past 64 bits would overflow the SQLite binding
+    return key[1]
 
 
 def get_job(jobs: JobManager, job_id: str) -> dict:

@@ -48,7 +48,7 @@ def test_a_manager_without_a_store_lists_by_state_and_kind_newest_first():
         assert [j.id for j in mgr.list(("queued", "running"))] == [held.id, queued.id]
         assert [j.id for j in mgr.list(kinds=("fit",))] == [done[0].id, done[2].id, queued.id]
         assert [j.id for j in mgr.page(2, newest=True)] == [queued.id, held.id]
-        key = (held.created_at, held.id)
+        key = held.seq
         assert [j.id for j in mgr.page(5, key, newest=True, kinds=("fit", "verify"))] == [d.id for d in done[::-1]]
         assert [j.id for j in mgr.page(5, key, states=("queued",))] == [queued.id]
         assert mgr.list(states=()) == []

@@ -114,6 +114,9 @@ def test_every_read_answers_what_the_previous_release_answered(old_data):
     # so did job records: the running stage's clock, none for a finished job
     assert all(j["progress"].pop("stage_elapsed_seconds") is None and j["progress"].pop("stage_eta_seconds") is None
                for j in got["jobs"])
+    # and their place in the order jobs were made: the old rows numbered in their created_at order
+    by_seq = sorted(got["jobs"], key=lambda j: j.pop("seq"))
+    assert by_seq == sorted(got["jobs"], key=lambda j: j["timings"]["created_at"]) and len(by_seq) >= 2
     expected = {k: v for k, v in EXPECTED.items() if k != "written_by"}
     for key, value in expected.items():  # one key at a time: a failure names the part that changed
         if key in ARRAYS:

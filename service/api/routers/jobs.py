@@ -28,11 +28,11 @@ _KindFilter = Annotated[list[Annotated[str, StringConstraints(max_length=64)]] |
 
 
 @router.get("/jobs", dependencies=[ReadScope], summary="List jobs (every process of this data dir)",
-            description="Oldest first (`order=newest`: newest first). Without `limit`: the newest 1000 jobs in one "
-                        "page. With `limit`: pages (follow `next`, under the same `order`) that walk every stored job; "
-                        "`counts` counts every stored job. `state` / `kind` (each repeatable) keep only the jobs in "
-                        "those states / of those kinds: `?state=queued&state=running&order=newest&limit=20` is "
-                        "what may still change.",
+            description="Oldest first, in the order the jobs were made (`seq`, not the clock; `order=newest`: "
+                        "newest first). Without `limit`: the newest 1000 jobs in one page. With `limit`: pages (follow "
+                        "`next`, under the same `order`) that walk every stored job; `counts` counts every stored job. "
+                        "`state` / `kind` (each repeatable) keep only the jobs in those states / of those kinds: "
+                        "`?state=queued&state=running&order=newest&limit=20` is what may still change.",
             response_model=JobList)
 async def list_jobs(state: StateDep, page: Page, order: _Order = "oldest", job_state: _StateFilter = None,
                     kind: _KindFilter = None):
@@ -44,19 +44,8 @@ async def list_jobs(state: StateDep, page: Page, order: _Order = "oldest", job_s
     jobs, counts = await run_in_threadpool(job_ops.list_jobs, state.jobs,
                                            None if page.limit is None else page.limit + 1, after,
                                            newest=newest, states=states, kinds=kinds)
-    return FastJSONResponse({**paginate(jobs, _newest_key if newest else _key, page, descending=newest),
+    return FastJSONResponse({**paginate(jobs, lambda r: job_ops.cursor_key(r, newest), page, descending=newest),
                              "counts": counts})
-
-
-def _key(record: dict) -> tuple[float, str]:
-    """A job's place in the list (and its cursor): ``(created_at, id)``, unique and never changing."""
-    return record["timings"]["created_at"], record["id"]
-
-
-def _newest_key(record: dict) -> tuple[float, str, str]:
-    """:func:`_key` under ``order=newest``, marked so: its cursor names its order (the same key walks the other way
-    under ``order=oldest``: the jobs after it, not those before)."""
-    return (*_key(record), "newest")
 
 
 @router.get("/jobs/{job_id}", dependencies=[ReadScope], summary="Job state, progress, timings, result",

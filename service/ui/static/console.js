@@ -364,11 +364,13 @@ function registryPage() {
 const JOBS_SHOWN = 50, LIVE_MAX = 100, ENDED_KEPT = 50,
   LIVE_JOBS = `/v1/jobs?state=queued&state=running&order=oldest&limit=${LIVE_MAX}`;
 
-/* The jobs of `lists` in one list, newest first; a job in several lists is the last list's record of it. */
+/* The jobs of `lists` in one list, newest first; a job in several lists is the last list's record of it. Newest by
+   `seq`, the order the jobs were made, as the service lists them: by created_at, a clock that had been ahead put the
+   jobs made after it below the old ones. */
 function newestFirst(...lists) {
   const byId = new Map();
   for (const list of lists) for (const j of list || []) byId.set(j.id, j);
-  return [...byId.values()].sort((a, b) => b.timings.created_at - a.timings.created_at || (a.id < b.id ? 1 : -1));
+  return [...byId.values()].sort((a, b) => b.seq - a.seq);
 }
 
 function jobsPage() {
