@@ -699,6 +699,36 @@ def test_a_live_job_behind_the_newest_page_keeps_its_row_progress_and_cancel(bro
         t.close()
 
 
+def test_the_jobs_page_shows_the_job_made_last_first_after_a_clock_that_was_ahead(browser, tmp_path):
+    """Jobs written while the clock was a day ahead (then set right: NTP, a VM snapshot restored) sorted before every
+    job made after them: the service's newest page left a new fit out and the page sorted the fit it followed last
+    (by created_at). Both order by the jobs' ``seq`` now: the job made last is the top row, running and ended."""
+    from service.api import create_app
+    from service.jobs import Job, JobStore
+
+    settings = settings_for(tmp_path)
+    store = JobStore(settings.data_dir / "jobs.sqlite")
+    ahead = time.time() + 86_400
+    for i in range(60):
+        assert store.insert(Job(id=f"{i:04d}" + "0" * 28, kind="fit", state="succeeded", stage="done", fraction=1.0,
+                                created_at=ahead + i, started_at=ahead + i, finished_at=ahead + i + 1)) is None
+    store.close()
+    app = create_app(settings)
+    release = threading.Event()
+    with serve_in_thread(app) as base:
+        job, _ = app.state.vb.jobs.submit(lambda ctx: release.wait(60) and None, kind="fit", description="after")
+        t = Page.open(browser, base, "/ui/jobs", READ_KEY)
+        rows = t.page.locator("#jobs tbody tr")
+        t.page.locator(f"tr[data-job='{job.id}'] .state", has_text="running").wait_for()
+        assert rows.first.get_attribute("data-job") == job.id
+        release.set()
+        t.page.locator(f"tr[data-job='{job.id}'] .state", has_text="succeeded").wait_for()
+        t.page.reload()
+        t.page.locator(f"tr[data-job='{job.id}'] .state", has_text="succeeded").wait_for()  # in the newest page
+        assert rows.first.get_attribute("data-job") == job.id and rows.count() == 50
+        t.close()
+
+
 def test_a_running_job_keeps_its_row_behind_more_live_jobs_than_a_poll_reads(browser, tmp_path):
     """The live jobs were read newest first, 100 at most: behind 101 newer queued jobs (a large max_queued_jobs, or
     several processes on one data dir) the running job had no row again. They are read oldest first."""
