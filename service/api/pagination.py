@@ -1,7 +1,7 @@
 """Keyset pagination for the list routes: ``?limit=N&cursor=C`` in, ``{"data": [...], "next": C'}`` out.
 
 A list route sorts its items by a key that is unique and never changes for an item (a name, a
-version number, a job's ``(created_at, id)``); the cursor is that key of the last item sent,
+version number, a job's ``seq``); the cursor is that key of the last item sent,
 packed as opaque URL-safe base64 JSON. The next page holds the items whose key is greater, so
 items created or deleted between two requests never shift the others: no item is sent twice
 or skipped (unlike ``offset``), and ``next`` is ``null`` on the last page.
