@@ -339,13 +339,24 @@ class StoredMap(ValueObject):
     ``_from_arrays(arrays, header)`` (LinearMap, ClusterMap, MapChain: one implementation for all).
 
     A map caches the constants of its fused apply (``_fused``) on first use; assigning any attribute drops them,
-    so ``m.W = W2`` takes effect (it applied the old W). An array changed in place gives undefined results (a
-    ClusterMap applies its ``W`` in place but keeps ``mu_s W_j`` from the old one): assign new arrays."""
+    so ``m.W = W2`` takes effect (it applied the old W), also while another thread builds them (:meth:`_keep_plan`).
+    An array changed in place gives undefined results (a ClusterMap applies its ``W`` in place but keeps
+    ``mu_s W_j`` from the old one): assign new arrays."""
 
     def __setattr__(self, name, value):
         object.__setattr__(self, name, value)
         if name != "_fused":
             self.__dict__.pop("_fused", None)
+
+    def _keep_plan(self, plan: dict, **used) -> dict:
+        """Cache ``plan``, built from the attribute values ``used`` (read once, by name), unless an attribute was
+        assigned meanwhile; returns ``plan`` (consistent with what it was built from) either way. Stored first and
+        checked after: an assignment before the check is seen here, one after it drops the plan itself."""
+        self.__dict__["_fused"] = plan
+        if any(self.__dict__.get(name) is not value for name, value in used.items()) and (
+                self.__dict__.get("_fused") is plan):
+            self.__dict__.pop("_fused", None)
+        return plan
 
     @classmethod
     def from_bytes(cls, data):

@@ -151,27 +151,30 @@ class ClusterMap(NonLinearAlgebra, StoredMap):
 
         ``mu_s W_j`` is summed in float64 a block of ``W``'s rows at a time: an ``einsum`` over
         ``W.astype(np.float64)`` and a stacked ``[W_j; mu_s W_j; b_j]`` copy held ~3 times ``W`` while it was
-        built and ~2 times ``W`` for good (a 1.2 GB 3072-d map of 32 clusters: 5.8 GB at its first transform)."""
+        built and ~2 times ``W`` for good (a 1.2 GB 3072-d map of 32 clusters: 5.8 GB at its first transform).
+
+        Built from one read of the arrays and frames, which the plan holds (the apply reads them there), and kept
+        only while they are still the map's (:meth:`StoredMap._keep_plan`, as :meth:`LinearMap._plan`)."""
         plan = self.__dict__.get("_fused")
         if plan is None:
-            fs = self.source_frame
-            k, d_s, d_t = self.W.shape
+            W, bias, C, fs, ft = self.W, self.bias, self.centroids, self.source_frame, self.target_frame
+            k, d_s, d_t = W.shape
             mu = fs.mean.astype(np.float64) if fs.mean is not None else np.zeros(d_s)
             E = np.empty((k, 2, d_t), dtype=np.float32)
             step = max(1, (1 << 20) // d_t)  # rows of one cluster's W per float64 block (8 MiB)
             for j in range(k):
                 acc = np.zeros(d_t)
                 for a in range(0, d_s, step):
-                    acc += mu[a : a + step] @ self.W[j, a : a + step].astype(np.float64)
+                    acc += mu[a : a + step] @ W[j, a : a + step].astype(np.float64)
                 E[j, 0] = acc
-            E[:, 1] = self.bias
+            E[:, 1] = bias
             plan = {"folded": bool(fs.unit_in and fs.unit_out and fs.mean is not None), "E": E,
-                    "Q": np.ascontiguousarray(np.concatenate([mu[:, None], self.centroids.T.astype(np.float64)], 1),
+                    "W": W, "centroids": C, "fs": fs, "ft": ft,
+                    "Q": np.ascontiguousarray(np.concatenate([mu[:, None], C.T.astype(np.float64)], 1),
                                               dtype=np.float32),
-                    "mu_sq": float(mu @ mu), "mu_c": self.centroids.astype(np.float64) @ mu,
-                    "mut_sq": (float(self.target_frame.mean.astype(np.float64) @ self.target_frame.mean)
-                               if self.target_frame.mean is not None else 0.0)}
-            self.__dict__["_fused"] = plan
+                    "mu_sq": float(mu @ mu), "mu_c": C.astype(np.float64) @ mu,
+                    "mut_sq": float(ft.mean.astype(np.float64) @ ft.mean) if ft.mean is not None else 0.0}
+            plan = self._keep_plan(plan, W=W, bias=bias, centroids=C, source_frame=fs, target_frame=ft)
         return plan
 
     def _apply(self, X: np.ndarray, *, output: str = "frame", batch_size: int = _BLOCK_ROWS) -> np.ndarray:
@@ -185,10 +188,10 @@ class ClusterMap(NonLinearAlgebra, StoredMap):
         ``E_j``, and the weighted results summed back per row. Other source frames are applied to a copy first."""
         if output not in ("frame", "raw", "linear"):
             raise InputError(f"output must be 'frame', 'raw' or 'linear', got {output!r}")
-        p = self._plan()
-        d_t = self.target_dim
+        p = self._plan()  # one plan for the whole call: arrays assigned meanwhile never mix into it
+        d_t = p["W"].shape[2]
         out = np.empty((X.shape[0], d_t), dtype=np.float32)
-        if X.shape[0] == 1 and self._apply_row(X[0], out, output):
+        if X.shape[0] == 1 and self._apply_row(p, X[0], out, output):
             return check_representable(out, "transform")
         step = max(1, int(batch_size))
         for s in range(0, X.shape[0], step):
@@ -200,13 +203,13 @@ class ClusterMap(NonLinearAlgebra, StoredMap):
                 top, w = self._route_scores((K[:, 1:] / n1[:, None] - p["mu_c"]) / sc[:, None])
                 r, shift = 1.0 / (n1 * sc), -1.0 / sc
             else:
-                x = self.source_frame._apply(X[s : s + step])
-                top, w = self.route(x)
+                x = p["fs"]._apply(X[s : s + step])
+                top, w = self._route_scores(x @ p["centroids"].T)
                 r, shift = np.ones(x.shape[0]), np.zeros(x.shape[0])
             n, m = top.shape
             lab = top.reshape(-1)
             order = np.argsort(lab, kind="stable")
-            bounds = np.searchsorted(lab[order], np.arange(self.n_clusters + 1))
+            bounds = np.searchsorted(lab[order], np.arange(p["W"].shape[0] + 1))
             rows = order // m
             G = np.take(x, rows, axis=0)
             G *= r[rows].astype(np.float32)[:, None]
@@ -214,10 +217,10 @@ class ClusterMap(NonLinearAlgebra, StoredMap):
             H[:, 0] = shift[rows]
             H[:, 1] = 1.0
             P = np.empty((n * m, d_t), dtype=np.float32)
-            for j in range(self.n_clusters):
+            for j in range(p["W"].shape[0]):
                 a, b = bounds[j], bounds[j + 1]
                 if b > a:
-                    np.matmul(G[a:b], self.W[j], out=P[a:b])
+                    np.matmul(G[a:b], p["W"][j], out=P[a:b])
                     P[a:b] += H[a:b] @ p["E"][j]
             if m > 1:
                 P *= w.reshape(-1)[order][:, None]
@@ -225,15 +228,14 @@ class ClusterMap(NonLinearAlgebra, StoredMap):
             Y[order] = P
             if m > 1:
                 Y = Y.reshape(n, m, d_t).sum(axis=1)
-            self._finish(Y, out[s : s + step], output)
+            self._finish(p, Y, out[s : s + step], output)
         return check_representable(out, "transform")
 
-    def _apply_row(self, x: np.ndarray, y: np.ndarray, output: str) -> bool:
+    def _apply_row(self, p: dict, x: np.ndarray, y: np.ndarray, output: str) -> bool:
         """:meth:`_apply` for one row ``x`` (d_s,) into ``y`` (1, d_t): the same route, blend and output
         with the factors as Python floats and one GEMV per blended cluster (a batch of one spent
         ~0.3 ms in ~50 numpy calls on tiny arrays). False (the block form then does it) for other
         source frames, a norm outside the safe range or NaN/Inf."""
-        p = self._plan()
         sq = float(np.vdot(x, x))
         if not (p["folded"] and _SQ_LO < sq < _SQ_HI):
             return False
@@ -247,7 +249,7 @@ class ClusterMap(NonLinearAlgebra, StoredMap):
         e = [math.exp((v - max(top_s)) / self.temperature) for v in top_s]  # softmax weights, as _route_scores
         xa = x * np.float32(1.0 / (n1 * sc))  # r x and [-1/s, 1], as the block form's rows of G and H
         h = np.array([-1.0 / sc, 1.0], dtype=np.float32)
-        W, E = self.W, p["E"]
+        W, E = p["W"], p["E"]
         Y = xa @ W[top[0]]
         Y += h @ E[top[0]]
         if m > 1:
@@ -257,11 +259,12 @@ class ClusterMap(NonLinearAlgebra, StoredMap):
                 Yj = xa @ W[j]
                 Yj += h @ E[j]
                 Y += Yj * np.float32(ej / total)
-        return self._finish_row(Y, y, output)
+        return self._finish_row(p, Y, y, output)
 
-    def _finish_row(self, Y: np.ndarray, dest: np.ndarray, output: str) -> bool:
+    @staticmethod
+    def _finish_row(p: dict, Y: np.ndarray, dest: np.ndarray, output: str) -> bool:
         """:meth:`_finish` for one row ``Y`` (d_t,) into ``dest`` (1, d_t); False leaves it to :meth:`_finish`."""
-        ft = self.target_frame
+        ft = p["ft"]
         if output == "linear" or (output == "frame" and not ft.unit_out):
             dest[0] = Y
             return True
@@ -272,17 +275,18 @@ class ClusterMap(NonLinearAlgebra, StoredMap):
         if output == "frame":
             np.multiply(Y, np.float32(1.0 / nu), out=dest[0])
         elif ft.unit_in and ft.unit_out and ft.mean is not None:
-            t = _raw_t(float(Y @ ft.mean) / nu, self._plan()["mut_sq"], _Scalars)
+            t = _raw_t(float(Y @ ft.mean) / nu, p["mut_sq"], _Scalars)
             np.multiply(Y, np.float32(t / nu), out=dest[0])
             dest += ft.mean
         else:
             return False
         return True
 
-    def _finish(self, Y: np.ndarray, dest: np.ndarray, output: str) -> None:
+    @staticmethod
+    def _finish(p: dict, Y: np.ndarray, dest: np.ndarray, output: str) -> None:
         """Write ``Y`` (the blended ``f W + b``) into ``dest`` as ``output``: ``raw`` in closed form for the
         standard target frame (``mu_t + t y/|y|``, :meth:`Frame.to_raw`), else through the frame."""
-        ft = self.target_frame
+        ft = p["ft"]
         if output == "linear" or (output == "frame" and not ft.unit_out):
             dest[...] = Y
             return
@@ -295,7 +299,7 @@ class ClusterMap(NonLinearAlgebra, StoredMap):
             np.multiply(Y, (1.0 / nu).astype(np.float32)[:, None], out=dest)
         elif ft.unit_in and ft.unit_out and ft.mean is not None:
             mf = (Y @ ft.mean).astype(np.float64) / nu
-            t = _raw_t(mf, self._plan()["mut_sq"])
+            t = _raw_t(mf, p["mut_sq"])
             np.multiply(Y, (t / nu).astype(np.float32)[:, None], out=dest)
             dest += ft.mean
         else:

@@ -196,11 +196,12 @@ class LinearMap(StoredMap):
         """
         if output not in ("frame", "raw", "linear"):
             raise InputError(f"output must be 'frame', 'raw' or 'linear', got {output!r}")
-        out = np.empty((X.shape[0], self.target_dim), dtype=np.float32)
-        if X.shape[0] == 1 and self._apply_row(X[0], out, output):
+        p = self._plan()  # one plan for the whole call: a W assigned meanwhile never mixes into it
+        out = np.empty((X.shape[0], p["Wa"].shape[1]), dtype=np.float32)
+        if X.shape[0] == 1 and self._apply_row(p, X[0], out, output):
             return out
         block = max(1, min(int(batch_size), _BLOCK_ROWS))
-        scale_free = self.source_frame.unit_in  # f_s(c x) = f_s(x): extreme rows can be brought to unit length
+        scale_free = p["fs"].unit_in  # f_s(c x) = f_s(x): extreme rows can be brought to unit length
         verified = True
         for s in range(0, X.shape[0], block):
             x = X[s : s + block]
@@ -213,7 +214,7 @@ class LinearMap(StoredMap):
                 tamed = tame_rows(x) if scale_free else x
                 if tamed is not x:
                     x, sq = tamed, np.einsum("ij,ij->i", tamed, tamed)
-            verified &= self._apply_block(x, out[s : s + block], output, sq)
+            verified &= self._apply_block(p, x, out[s : s + block], output, sq)
         return out if verified else check_representable(out, "transform")
 
     def _plan(self) -> dict:
@@ -225,30 +226,35 @@ class LinearMap(StoredMap):
         ``q_mu, q_mut, q_b`` (d_s,) = ``mu_s, W mu_t, W b`` give the input-side products ``x·q`` (one
         GEMV each, only those the output needs); with
         orthonormal rows of ``W`` (``W Wᵀ = I``) ``|x W| = |x|``, so ``|u|`` needs no pass over the output.
+
+        Built from one read of ``W``, ``bias`` and the frames (the plan keeps the frames it used); kept only while
+        they are still the map's (:meth:`StoredMap._keep_plan`): ``m.W = W2`` from another thread during the build
+        left a plan of part old ``W``, part new one, for good.
         """
-        plan = getattr(self, "_fused", None)
+        plan = self.__dict__.get("_fused")
         if plan is not None:
             return plan
-        fs, ft = self.source_frame, self.target_frame
-        d_s, d_t = self.W.shape
+        W, bias, fs, ft = self.W, self.bias, self.source_frame, self.target_frame
+        d_s, d_t = W.shape
         folded = bool(fs.unit_in and fs.unit_out and fs.mean is not None)
         mu_s = fs.mean.astype(np.float64) if folded else np.zeros(d_s)
         mu_t = ft.mean.astype(np.float64) if ft.mean is not None else np.zeros(d_t)
-        b = self.bias.astype(np.float64) if self.bias is not None else np.zeros(d_t)
+        b = bias.astype(np.float64) if bias is not None else np.zeros(d_t)
         # W in float64 (2x W's bytes) only while the float64 products below read it, freed before Wa is made: the
         # first apply peaked at 8x W (+288 MiB at 3072 x 3072) with W W^T, its copies and [W; ...] stacked twice
-        W64 = self.W.astype(np.float64)
+        W64 = W.astype(np.float64)
         muW, q_mut, q_b = mu_s @ W64, (W64 @ mu_t).astype(np.float32), (W64 @ b).astype(np.float32)
         orth = d_s <= d_t and _orthonormal(W64, 1e-5)
         col_sq = np.einsum("ij,ij->j", W64, W64)  # squared column norms of W (Wa_col)
         del W64
         Wa = np.empty((d_s + 3, d_t), np.float32)
-        Wa[:d_s], Wa[d_s], Wa[d_s + 1], Wa[d_s + 2] = self.W, muW, mu_t, b
+        Wa[:d_s], Wa[d_s], Wa[d_s + 1], Wa[d_s + 2] = W, muW, mu_t, b
         plan = {
+            "fs": fs, "ft": ft,
             "folded": folded,
             "copy_frame": not folded and (fs.unit_in or fs.unit_out or fs.mean is not None),
             "orth": orth,
-            "has_bias": self.bias is not None,
+            "has_bias": bias is not None,
             "raw_closed": bool(ft.unit_in and ft.unit_out and ft.mean is not None),
             # [W; mu_s W; mu_t; b]: one GEMM adds the low-rank terms; an output takes the rows its factors use
             # (_width): each extra row of K = d_s + k cost ~10 µs a 1024 x 384 block, a padding to 4 included
@@ -262,15 +268,15 @@ class LinearMap(StoredMap):
             "mu_sq": float(mu_s @ mu_s), "muW_sq": float(muW @ muW), "b_sq": float(b @ b), "muW_b": float(muW @ b),
             "muW_mut": float(muW @ mu_t), "b_mut": float(b @ mu_t), "mut_sq": float(mu_t @ mu_t),
         }
-        self._fused = plan
-        return plan
+        return self._keep_plan(plan, W=W, bias=bias, source_frame=fs, target_frame=ft)
 
-    def _closed(self, output: str) -> tuple[bool, bool]:
+    @staticmethod
+    def _closed(p: dict, output: str) -> tuple[bool, bool]:
         """``(unit, closed_raw)``: whether ``output`` is unit rows of the target frame, or raw rows in the closed
         form ``mu_t + t u/|u|`` (standard target frame); both are normalised from ``|u|``."""
-        return output == "frame" and self.target_frame.unit_out, output == "raw" and self._plan()["raw_closed"]
+        return output == "frame" and p["ft"].unit_out, output == "raw" and p["raw_closed"]
 
-    def _terms(self, n1, dot, m: int, output: str, xp) -> tuple:
+    def _terms(self, p: dict, n1, dot, m: int, output: str, xp) -> tuple:
         """Per-row factors of the fused form, on arrays of ``m`` rows (``xp=_Arrays``) or one row's floats
         (``_Scalars``): ``(r, beta, gamma, shift, alpha, u_mut)``; ``r`` is None when the output is scaled
         after the GEMM (then ``alpha``/``u_mut`` finish it), else the row scale applied before it.
@@ -278,7 +284,7 @@ class LinearMap(StoredMap):
         ``n1`` = ``|x|``; ``dot(name)`` = ``x·q`` (float64) for the plan vector ``q = plan[name]``, called only for
         those this output reads. The maths is :meth:`_apply`'s docstring; :meth:`_plan` holds the constants.
         """
-        p, ft = self._plan(), self.target_frame
+        ft = p["ft"]
         if p["folded"]:
             # |unit(x)|^2: 1, and 0 for a zero row (unit(0) = 0, framed as -mu / |mu| as Frame.apply has it; taken
             # as 1, its output was off the frame's, norm 0.25 where a unit row was due)
@@ -297,7 +303,7 @@ class LinearMap(StoredMap):
             u_mut = dot("q_mut") + beta * p["muW_mut"] if p["folded"] else dot("q_mut")
             if p["has_bias"]:
                 u_mut = u_mut + gamma * p["b_mut"]
-        unit, closed_raw = self._closed(output)
+        unit, closed_raw = self._closed(p, output)
         r, shift = None, xp.full(m, 0.0)  # shift: coefficient of mu_t (before the row scale)
         if output == "linear" or (output == "frame" and not ft.unit_out):
             r = alpha
@@ -317,28 +323,29 @@ class LinearMap(StoredMap):
                 r, shift = t / nu, nu / t
         return r, beta, gamma, shift, alpha, u_mut
 
-    def _width(self, output: str) -> int:
+    @staticmethod
+    def _width(p: dict, output: str) -> int:
         """How many factor columns ``[beta | shift | gamma]`` the GEMM of ``output`` takes: gamma (the bias's) only
         with a bias, shift (``mu_t``'s) only for raw output, beta always (0 where the source frame is not folded)."""
-        return 3 if self._plan()["has_bias"] else 2 if output == "raw" else 1
+        return 3 if p["has_bias"] else 2 if output == "raw" else 1
 
-    def _apply_block(self, x: np.ndarray, y: np.ndarray, output: str, sq: np.ndarray) -> bool:
+    def _apply_block(self, p: dict, x: np.ndarray, y: np.ndarray, output: str, sq: np.ndarray) -> bool:
         """Write ``output`` for finite rows ``x`` (m, d_s) into ``y`` (m, d_t), both C-contiguous float32.
 
         ``sq`` (m,): the squared row norms of ``x``. Returns True when ``y`` is known to be finite
         (bounded by construction, or its norms were read and found finite); False leaves the check
         to the caller.
         """
-        p, ft = self._plan(), self.target_frame
+        ft = p["ft"]
         if p["copy_frame"]:
-            x = self.source_frame._apply(x)
+            x = p["fs"]._apply(x)
             sq = np.einsum("ij,ij->i", x, x)
         m = x.shape[0]
-        scale, beta, gamma, shift, alpha, u_mut = self._terms(
+        scale, beta, gamma, shift, alpha, u_mut = self._terms(p,
             np.sqrt(sq.astype(np.float64)), lambda q: (x @ p[q]).astype(np.float64), m, output, _Arrays)
-        unit, closed_raw = self._closed(output)
+        unit, closed_raw = self._closed(p, output)
         d_s = x.shape[1]
-        k = self._width(output)
+        k = self._width(p, output)
         xa = np.empty((m, d_s + k), dtype=np.float32)  # [r x | r beta | r shift | r gamma][:, :d_s + k]
         if scale is None:  # scaled after the GEMM: a plain copy
             r = np.ones(m)
@@ -375,7 +382,7 @@ class LinearMap(StoredMap):
         y[...] = ft.to_raw(y)
         return bool(np.isfinite(y).all())  # this block, while in cache: no pass over the whole output after
 
-    def _apply_row(self, x: np.ndarray, y: np.ndarray, output: str) -> bool:
+    def _apply_row(self, p: dict, x: np.ndarray, y: np.ndarray, output: str) -> bool:
         """:meth:`_apply_block` for one row ``x`` (d_s,) into ``y`` (1, d_t), its factors as Python floats.
 
         A batch-1 call (a query) is a GEMV beside ~25 tiny numpy operations in the block form, which
@@ -384,17 +391,17 @@ class LinearMap(StoredMap):
         that are not unit or closed raw rows, squares past float32's range); the caller then computes
         ``y`` again by that form.
         """
-        p, ft = self._plan(), self.target_frame
-        unit, closed_raw = self._closed(output)
+        ft = p["ft"]
+        unit, closed_raw = self._closed(p, output)
         if p["copy_frame"] or not (unit or closed_raw):
             return False
         sq = float(np.vdot(x, x))  # float32 like the block's einsum; Inf/NaN fail the range test (vdot: no FP warning)
         if not _SQ_LO < sq < _SQ_HI:
             return False
-        scale, beta, gamma, shift, _, u_mut = self._terms(
+        scale, beta, gamma, shift, _, u_mut = self._terms(p,
             math.sqrt(sq), lambda k: float(x @ p[k]), 1, output, _Scalars)
         d_s = x.shape[0]
-        k = self._width(output)
+        k = self._width(p, output)
         xa = np.empty((1, d_s + k), dtype=np.float32)
         r = 1.0 if scale is None else scale
         if scale is None:
