@@ -341,12 +341,18 @@ class StoredMap(ValueObject):
     A map caches the constants of its fused apply (``_fused``) on first use; assigning any attribute drops them,
     so ``m.W = W2`` takes effect (it applied the old W), also while another thread builds them (:meth:`_keep_plan`).
     An array changed in place gives undefined results (a ClusterMap applies its ``W`` in place but keeps
-    ``mu_s W_j`` from the old one): assign new arrays."""
+    ``mu_s W_j`` from the old one): assign new arrays. The cache is no part of the map's state: pickle, copy and
+    ``joblib.hash`` leave it out (an applied map pickled at twice its size and hashed as another map)."""
 
     def __setattr__(self, name, value):
         object.__setattr__(self, name, value)
         if name != "_fused":
             self.__dict__.pop("_fused", None)
+
+    def __getstate__(self):
+        state = dict(self.__dict__)
+        state.pop("_fused", None)
+        return state
 
     def _keep_plan(self, plan: dict, **used) -> dict:
         """Cache ``plan``, built from the attribute values ``used`` (read once, by name), unless an attribute was

@@ -2,10 +2,12 @@
 
 ``m.W = W2`` (the documented way to change a map) while another thread applied the map for the first time left a
 cache of part old ``W``, part new one, for good (206 of 300 tries of a probe; cosine 0.974-0.99 to the due rows while
-``m.W is W2``)."""
+``m.W is W2``). And the cache travelled with the map: an applied map pickled at twice its size and another
+``joblib.hash``, so a ``joblib.Memory`` cache missed."""
 
 from __future__ import annotations
 
+import pickle
 import threading
 
 import numpy as np
@@ -84,3 +86,19 @@ def test_w_assigned_while_another_thread_first_applies_takes_effect(maps, pairs,
         np.testing.assert_array_equal(m.apply(X[:1]), new.apply(X[:1]))  # the one-row path reads the same cache
     # the apply that raced the assignment used one W throughout (the one it read)
     np.testing.assert_array_equal(first, old.apply(x))
+
+
+@pytest.mark.parametrize("kind", ["linear", "cluster", "chain"])
+def test_an_applied_map_pickles_and_hashes_as_before(maps, pairs, kind):
+    X = pairs[0]
+    m = align.map_from_bytes(maps[kind].to_bytes())
+    before = pickle.dumps(m)
+    want = m.apply(X)
+    after = pickle.dumps(m)
+    assert after == before, f"{len(before)} -> {len(after)} bytes once applied"
+    back = pickle.loads(after)
+    assert back == m
+    np.testing.assert_array_equal(back.apply(X), want)
+    joblib = pytest.importorskip("joblib")
+    fresh = align.map_from_bytes(maps[kind].to_bytes())
+    assert joblib.hash(m) == joblib.hash(fresh)
