@@ -4,6 +4,10 @@
 parameters are the keyword arguments of ``__init__``, stored unchanged under their own names), a repr that shows the
 parameters set away from their defaults, and the fitted attributes (``map_``...) raising
 :class:`~align.exceptions.NotFittedError` before ``fit`` instead of a bare AttributeError.
+
+scikit-learn 1.6 and later ask every estimator for ``__sklearn_tags__`` (``GridSearchCV.fit``, ``Pipeline.transform``
+and ``check_is_fitted`` raised AttributeError without it) and read ``__sklearn_is_fitted__``; both are here, the
+tags built from scikit-learn only when it asks for them (align does not import it).
 """
 
 from __future__ import annotations
@@ -45,6 +49,19 @@ class Estimator:
             setattr(self, name, tuple(value) if isinstance(value, list) and isinstance(valid[name], tuple)
                     else value)  # as __init__ stores a list given for a tuple parameter (refine)
         return self
+
+    def __sklearn_is_fitted__(self) -> bool:
+        """Whether ``fit`` has run (every fitted attribute set): what ``sklearn.utils.validation.check_is_fitted``
+        asks."""
+        return all(name in self.__dict__ for name in type(self)._fitted_attrs)
+
+    def __sklearn_tags__(self):
+        """scikit-learn's tags (1.6+, imported here, when scikit-learn asks): a transformer whose ``fit`` needs its
+        second argument (the target rows, as ``y``), float32 output."""
+        from sklearn.utils import Tags, TargetTags, TransformerTags
+
+        return Tags(estimator_type=None, target_tags=TargetTags(required=True),
+                    transformer_tags=TransformerTags(preserves_dtype=["float32"]))
 
     def __repr__(self) -> str:
         changed = []

@@ -425,3 +425,26 @@ def test_fitted_attributes_before_fit_are_not_fitted_errors():
     with pytest.raises(AttributeError) as info:
         est.no_such_thing  # noqa: B018
     assert not isinstance(info.value, NotFittedError)
+
+
+def test_scikit_learn_grid_search_pipeline_and_check_is_fitted():
+    """scikit-learn 1.6+ asks every estimator for ``__sklearn_tags__``: GridSearchCV(...).fit, a Pipeline's transform
+    and check_is_fitted raised AttributeError on a MiniVec2Vec (scikit-learn 1.9.1)."""
+    pytest.importorskip("sklearn")
+    from sklearn.exceptions import NotFittedError as SklearnNotFitted
+    from sklearn.model_selection import GridSearchCV
+    from sklearn.pipeline import Pipeline
+    from sklearn.utils.validation import check_is_fitted
+
+    X, Y, _, Xh, _ = planted(16, n=600)
+    est = MiniVec2Vec(random_state=0, n_restarts=1, **FAST)
+    with pytest.raises(SklearnNotFitted):
+        check_is_fitted(est)
+    gs = GridSearchCV(est, {"csls_k": [5, 10]}, scoring=lambda e, Xs, Xt: e.criterion_, cv=2, refit=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", align.exceptions.ConvergenceWarning)  # small folds: verdicts, not tested here
+        gs.fit(X, Y)
+    assert gs.best_params_["csls_k"] in (5, 10) and gs.best_estimator_.map_.source_dim == 16
+    fitted = gs.best_estimator_
+    check_is_fitted(fitted)
+    np.testing.assert_array_equal(Pipeline([("mv", fitted)]).transform(Xh), fitted.transform(Xh))
