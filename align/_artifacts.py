@@ -9,10 +9,13 @@ into its own buffer (a zip member through numpy's chunked reader, a safetensors 
 a map holds about its arrays once, never the whole file's bytes beside them (a 1.2 GB cluster map peaked at 2.25x).
 
 An artifact holds what the object *is*, never how long fitting it took or where it ran: the header's metadata is
-written without its wall-clock and executor entries (:data:`VOLATILE_KEYS`, at any depth), so two fits with the
-same seed write the same bytes (one ``artifact_sha256``, one file in a content-addressed store). The fitted
-object keeps them in memory (``metadata["diagnostics"]["timings"]``, a candidate's ``seconds``...); a service
-records them with the fit (metrics, report). Older artifacts that hold them still load.
+written without the wall-clock and executor entries vecbridge records of a fit (:func:`stable_metadata`), so two
+fits with the same seed write the same bytes (one ``artifact_sha256``, one file in a content-addressed store). The
+fitted object keeps them in memory (``metadata["diagnostics"]["timings"]``, a candidate's ``seconds``...); a
+service records them with the fit (metrics, report). Older artifacts that hold them still load. Only vecbridge's own
+records lose them: the :data:`VOLATILE_KEYS` anywhere in :data:`FIT_RECORDS` and a top-level ``fit_seconds``; a
+user's own ``metadata["executor"]`` or ``{"clip": {"seconds": 30}}`` is written as it is (any depth was stripped,
+and a loaded copy compared equal without them).
 """
 
 from __future__ import annotations
@@ -34,14 +37,21 @@ import numpy as np
 from .exceptions import SerializationError, VecbridgeError
 
 __all__ = ["META_KEY", "json_default", "pack_npz", "unpack_npz", "pack", "unpack", "save_atomic", "read_file",
-           "check_header", "stored_fields", "StoredMap", "VOLATILE_KEYS", "stable_metadata", "ValueObject",
-           "same_value"]
+           "check_header", "stored_fields", "StoredMap", "VOLATILE_KEYS", "FIT_RECORDS", "stable_metadata",
+           "ValueObject", "same_value"]
 
 META_KEY = "__meta__"
 T = TypeVar("T")
 #: metadata keys that vary between two runs of the same fit (wall-clock seconds, the executor that ran it):
-#: kept in memory, never written into an artifact (module docstring)
+#: kept in memory, not written into an artifact where vecbridge records a fit (:data:`FIT_RECORDS`; module docstring)
 VOLATILE_KEYS = frozenset({"seconds", "fit_seconds", "timings", "executor"})
+#: the top-level metadata entries that are vecbridge's own records of a fit (MiniVec2Vec's diagnostics, with the
+#: executor a service adds; fit_migration's candidate selection; the Sinkhorn refinement's rounds): the only places,
+#: besides a top-level ``fit_seconds``, whose :data:`VOLATILE_KEYS` are left out of an artifact
+FIT_RECORDS = frozenset({"diagnostics", "selection", "semi_supervised"})
+#: where vecbridge nests another object's metadata (an inverse's ``of``, a composition's or chain's ``parts``, a
+#: composed steer's ``parts[i]["metadata"]``): read as metadata of its own
+_NESTED = ("of", "parts", "metadata")
 
 
 def json_default(obj):
@@ -53,18 +63,35 @@ def json_default(obj):
     raise TypeError(f"not JSON serialisable: {type(obj).__name__}")
 
 
-def stable_metadata(obj):
-    """``obj`` (metadata: dicts, lists, values) without the :data:`VOLATILE_KEYS` of any dict in it, at any depth;
-    a new object (``obj`` is not changed)."""
+def stable_metadata(meta):
+    """An object's metadata as its artifact holds it: without a top-level ``fit_seconds`` nor the
+    :data:`VOLATILE_KEYS` at any depth of its :data:`FIT_RECORDS`, the same for the metadata nested in it
+    (``of``, ``parts``); everything else as it is (a user's own ``executor`` or ``seconds`` too). A new object
+    (``meta`` is not changed)."""
+    if isinstance(meta, (list, tuple)):
+        return [stable_metadata(v) for v in meta]
+    if not isinstance(meta, dict):
+        return meta
+    out = {}
+    for k, v in meta.items():
+        if k == "fit_seconds":
+            continue
+        out[k] = _without_volatile(v) if k in FIT_RECORDS else stable_metadata(v) if k in _NESTED else v
+    return out
+
+
+def _without_volatile(obj):
+    """``obj`` without the :data:`VOLATILE_KEYS` of any dict in it, at any depth (a new object)."""
     if isinstance(obj, dict):
-        return {k: stable_metadata(v) for k, v in obj.items() if k not in VOLATILE_KEYS}
+        return {k: _without_volatile(v) for k, v in obj.items() if k not in VOLATILE_KEYS}
     if isinstance(obj, (list, tuple)):
-        return [stable_metadata(v) for v in obj]
+        return [_without_volatile(v) for v in obj]
     return obj
 
 
 def header_text(header: dict) -> str:
-    """The JSON of an artifact's header, its ``metadata`` without timings or executor (:func:`stable_metadata`);
+    """The JSON of an artifact's header, its ``metadata`` without vecbridge's timings or executor
+    (:func:`stable_metadata`);
     SerializationError when its metadata holds something JSON cannot (a raw TypeError from ``save``)."""
     if isinstance(header.get("metadata"), dict):
         header = {**header, "metadata": stable_metadata(header["metadata"])}
@@ -288,8 +315,8 @@ def read_file(path, parse: Callable[[BinaryIO], T]) -> T:
 
 def same_value(a, b) -> bool:
     """Whether two fields of a fitted object hold the same value: arrays of one shape and dtype with equal entries
-    (NaN equal to NaN), metadata dicts whose artifact JSON is the same (:func:`header_text`: without the
-    :data:`VOLATILE_KEYS`, so a loaded copy equals what was saved), anything else by ``==``."""
+    (NaN equal to NaN), metadata dicts whose artifact JSON is the same (:func:`header_text`: without vecbridge's
+    timings, :func:`stable_metadata`, so a loaded copy equals what was saved), anything else by ``==``."""
     if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
         return (isinstance(a, np.ndarray) and isinstance(b, np.ndarray) and a.shape == b.shape and a.dtype == b.dtype
                 and bool(np.array_equal(a, b, equal_nan=a.dtype.kind in "fc")))

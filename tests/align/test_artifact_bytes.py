@@ -95,3 +95,32 @@ def test_an_artifact_written_with_timings_still_loads():
     np.testing.assert_array_equal(old.W, m.W)
     again = _header(old.to_bytes())["metadata"]  # written again: without them, as a fit writes it today
     assert again["diagnostics"] == {} and "fit_seconds" not in again
+
+
+def test_a_users_own_keys_of_those_names_are_written_as_they_are(tmp_path):
+    """Only vecbridge's own fit records lose their seconds and executor: a user's ``executor``, ``timings`` or a
+    ``{"clip": {"seconds": 30}}`` of their own were dropped on save at any depth, and the loaded map still compared
+    equal to the one saved."""
+    own = {"executor": "alice@lab", "timings": "nightly", "provenance": {"clip": {"seconds": 30}, "fit_seconds": 2}}
+    for family in ("procrustes", "auto", "minivec2vec"):
+        m = _fit(family, 0)
+        m.metadata.update(own)
+        for fmt in ("npz", "safetensors"):
+            back = type(m).load(m.save(tmp_path / f"m.{fmt}"))
+            assert {k: back.metadata[k] for k in own} == own, f"{family} {fmt}"
+            assert back == m
+        assert not _keys(_header(m.to_bytes())["metadata"].get("diagnostics", {})) & {"timings", "executor"}
+        other = type(m).from_bytes(m.to_bytes())
+        other.metadata["provenance"] = {"clip": {"seconds": 31}, "fit_seconds": 2}
+        assert other != m  # a user's value that differs makes another map
+
+
+@pytest.mark.parametrize("family", ["auto", "minivec2vec"])
+def test_maps_made_of_fitted_maps_write_the_same_bytes(family):
+    """An inverse, a composition and a chain nest their maps' metadata (``of``, ``parts``): the fit's seconds in it
+    stay out of their artifacts too."""
+    a, b = _fit(family, 0), _fit(family, 0)
+    assert a.inverse().to_bytes() == b.inverse().to_bytes()
+    assert align.MapChain([a, a.inverse()]).to_bytes() == align.MapChain([b, b.inverse()]).to_bytes()
+    if isinstance(a, align.LinearMap):
+        assert a.compose(a.inverse()).to_bytes() == b.compose(b.inverse()).to_bytes()
