@@ -36,7 +36,7 @@ import numpy as np
 from . import linalg
 from ._artifacts import StoredMap, check_header, pack, stored_fields
 from .chain import NonLinearAlgebra
-from .validation import as_matrix, as_real_array, check_representable
+from .validation import as_matrix, as_real_array, check_representable, copies_whole
 from .exceptions import DimensionMismatchError, InputError, TooFewRowsError
 from .frames import _NORM_LO, _SQ_HI, _SQ_LO, Frame, tame_rows, unit_rows
 from .maps import _NU2_MIN, _raw_t, _Scalars
@@ -139,7 +139,13 @@ class ClusterMap(NonLinearAlgebra, StoredMap):
     def apply(self, X, *, output: str = "raw", batch_size: int = _BLOCK_ROWS, validate: bool = True,
               name: str = "X") -> np.ndarray:
         """Map raw source rows ``X`` (n, d_s) to (n, d_t) float32 (``output``, ``validate`` and ``name`` as in
-        :meth:`LinearMap.apply`; ``validate=False`` expects a C-contiguous float32 (n, d_s) array already checked)."""
+        :meth:`LinearMap.apply`; ``validate=False`` expects a C-contiguous float32 (n, d_s) array already checked).
+        Another dtype than float32 (a float16 memmap) is converted ``batch_size`` rows at a time, as there."""
+        if validate and copies_whole(X):
+            batch_size = check_batch_size(batch_size)
+            out = self._apply_pieces(X, batch_size, output=output, batch_size=batch_size, name=name)
+            if out is not None:
+                return out
         if validate:
             X = as_matrix(X, name=name, dim=self.source_dim)
         batch_size = check_batch_size(batch_size)

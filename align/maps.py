@@ -22,7 +22,7 @@ import numpy as np
 
 from . import linalg
 from ._artifacts import StoredMap, check_header, pack, read_file, stored_fields, unpack
-from .validation import as_matrix, as_real_array, check_representable
+from .validation import as_matrix, as_real_array, check_representable, copies_whole
 from .exceptions import DimensionMismatchError, InputError, NotRepresentableError
 from .frames import _NORM_LO, _SQ_HI, _SQ_LO, Frame, tame_rows
 from .options import check_batch_size
@@ -162,8 +162,14 @@ class LinearMap(StoredMap):
         that already hold a checked float32 C-contiguous (n, d_s) array, e.g. a request decoded once.
         With ``validate=True`` finiteness is checked on the fly, from the row norms the apply computes anyway,
         so a caller that has only decoded ``X`` (shape and dtype, not its values) should leave it on rather than
-        make a pass of its own. ``name``: what the error messages call ``X``.
+        make a pass of its own. ``name``: what the error messages call ``X``. An array of another dtype than float32
+        (a float16 memmap) is converted ``batch_size`` rows at a time (:meth:`StoredMap._apply_pieces`).
         """
+        if validate and copies_whole(X):
+            batch_size = check_batch_size(batch_size)
+            out = self._apply_pieces(X, min(batch_size, _BLOCK_ROWS), output=output, batch_size=batch_size, name=name)
+            if out is not None:
+                return out
         if validate:
             X = as_matrix(X, name=name, dim=self.source_dim, finite=False)
         batch_size = check_batch_size(batch_size)  # NaN or "a" was a raw ValueError, 0 or -5 read as 1

@@ -20,10 +20,10 @@ from .exceptions import (
     TooFewRowsError,
 )
 
-__all__ = ["as_matrix", "as_real_array", "check_paired", "check_random_state", "check_seed", "check_not_degenerate",
-           "check_no_underflow", "check_no_zero_rows", "check_rankable", "check_representable", "check_eps",
-           "check_labels", "check_labelled_queries", "check_same_queries", "check_csls_weight", "collapsed",
-           "check_not_collapsed", "seed_record", "count_distinct_rows", "row_groups", "MAX_EPS"]
+__all__ = ["as_matrix", "copies_whole", "as_real_array", "check_paired", "check_random_state", "check_seed",
+           "check_not_degenerate", "check_no_underflow", "check_no_zero_rows", "check_rankable", "check_representable",
+           "check_eps", "check_labels", "check_labelled_queries", "check_same_queries", "check_csls_weight",
+           "collapsed", "check_not_collapsed", "seed_record", "count_distinct_rows", "row_groups", "MAX_EPS"]
 
 #: Bound of a steer's strength ``|eps|`` (1: the trained strength) wherever a steer moves vectors: the library
 #: (:func:`check_eps`), the CLI and HTTP (``service.limits.MAX_STEER_EPS`` is this number). Strength sweeps saturate
@@ -87,6 +87,14 @@ def check_no_underflow(wide: np.ndarray, narrow: np.ndarray, name: str) -> None:
     if lost:
         raise NotRepresentableError(f"{name}: {lost} non-zero row(s) have every value below float32's smallest "
                                     f"(~1.4e-45) and would read as all-zero rows; scale them up")
+
+
+def copies_whole(X) -> bool:
+    """Whether :func:`as_matrix` would copy ``X`` whole into a new float32 array: a 2-D numpy array (a memmap too) of
+    real numbers other than C-contiguous float32 (float16, float64, ints, Fortran order). A map's apply converts
+    such an array a piece of rows at a time (:meth:`align._artifacts.StoredMap._apply_pieces`)."""
+    return (isinstance(X, np.ndarray) and not np.ma.isMaskedArray(X) and X.ndim == 2 and X.dtype.kind in "fiu"
+            and not (X.dtype == _F32 and X.flags.c_contiguous))
 
 
 def as_matrix(

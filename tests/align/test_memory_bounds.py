@@ -168,3 +168,25 @@ def test_a_linear_maps_first_apply_holds_about_two_W(orthonormal):
     assert m._plan()["orth"] is bool(np.abs(G - np.eye(d)).max() <= 1e-5)
     assert align.LinearMap(W).is_orthogonal() is bool(np.allclose(G, np.eye(d), atol=1e-4)) is orthonormal
     assert align.LinearMap(W[:, :700]).is_orthogonal() is orthonormal  # orthonormal columns: W^T W = I
+
+
+@pytest.mark.parametrize("kind", ["linear", "cluster"])
+def test_a_float16_memmap_is_converted_a_batch_at_a_time(tmp_path, kind):
+    """A float16 memmap (how a big .npy of embeddings is often kept) was converted to float32 whole before the
+    apply's blocks: 61 MB beside the output for 40,000 x 384, whatever ``batch_size``. Each piece of ``batch_size``
+    rows is converted on its own now, and the output has the bits of one call on the float32 rows."""
+    d, n = 64, 120_001  # an odd tail: the last piece takes it (one row alone would take the one-row form)
+    fs, ft = (align.Frame.fit(_rows(500, d, s) + 0.5) for s in (1, 2))
+    m = {"linear": align.LinearMap(_rows(d, d, 3), _rows(1, d, 4)[0], fs, ft),
+         "cluster": align.ClusterMap(_unit(_rows(4, d, 5)), _rows(4 * d, d, 6).reshape(4, d, d), _rows(4, d, 7),
+                                     fs, ft)}[kind]
+    path = tmp_path / "x16.npy"
+    np.save(path, (_rows(n, d, 8) + 0.5).astype(np.float16))
+    X = np.load(path, mmap_mode="r")
+    m.apply(np.asarray(X[:2], dtype=np.float32))  # the apply plan, built before the measure
+    out, peak = _peak(m.apply, X, batch_size=2048)
+    converted = n * d * 4  # 29 MiB: the float32 copy of the whole input; a piece's (and its blocks'), ~5 MiB
+    assert peak < out.nbytes + converted / 3, f"{(peak - out.nbytes) / MiB:.1f} MiB beside the output"
+    np.testing.assert_array_equal(out, m.apply(np.asarray(X, dtype=np.float32), batch_size=2048))
+    np.testing.assert_array_equal(m.apply(X[:3000], output="linear", batch_size=1000),
+                                  m.apply(np.asarray(X[:3000], dtype=np.float32), output="linear", batch_size=1000))
