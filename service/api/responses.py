@@ -9,6 +9,7 @@ import numpy as np
 from starlette.responses import JSONResponse
 
 from ..registry.models import json_default as _default
+from ..registry.names import utf8_safe
 
 try:  # orjson turns float32 arrays into JSON ~10x faster than json + tolist()
     import orjson
@@ -16,7 +17,12 @@ try:  # orjson turns float32 arrays into JSON ~10x faster than json + tolist()
     _OPTS = orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS
 
     def dumps(obj: Any) -> bytes:
-        return orjson.dumps(obj, option=_OPTS, default=_default)
+        try:
+            return orjson.dumps(obj, option=_OPTS, default=_default)
+        except orjson.JSONEncodeError as exc:  # a lone surrogate: orjson writes UTF-8 only, and a record stored
+            if "surrogates" not in str(exc):  # before utf8_safe (a file name that is not UTF-8) was a 500 for good
+                raise
+            return orjson.dumps(utf8_safe(obj), option=_OPTS, default=lambda o: utf8_safe(_default(o)))
 
     def dumps_plain(obj: Any) -> bytes:
         """:func:`dumps` of JSON's own types only (str keys; str, int, float, bool, None, lists, dicts): the same

@@ -29,7 +29,7 @@ from ..logging import get_logger
 from ..progress import Progress, Stages
 from ..registry import ConflictError, DeletedVersionError, NoReliableVersionError, NotFoundError, Registry, VersionInfo
 from ..registry.entity import collected
-from ..registry.names import check_alias, check_name
+from ..registry.names import check_alias, check_name, utf8_safe
 from ..registry.quality import SPLIT, heldout_doubt
 from ..reports import inner_timings
 from ..spaces import check_fit_spaces
@@ -255,6 +255,7 @@ def run_fit(registry: Registry, *, name: str, source, target, method: str, param
         check_alias(alias)
     _check_map_spaces(registry, name, source_space, target_space)  # what registration would refuse: before the fit
     params = dict(params or {})
+    inputs = utf8_safe(inputs or {})  # file names as recorded: the report and every JSON answer are UTF-8
     check_unpaired_method(method, [k for k, U in zip(UNPAIRED, (unpaired_source, unpaired_target)) if U is not None])
     st = Stages(progress, should_cancel, what=f"fit of {name!r}")
     if paired and method == "minivec2vec" and seed_pairs is None and notes is not None:  # it was silent about it

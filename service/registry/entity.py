@@ -46,6 +46,7 @@ from .names import (
     check_tag_key,
     check_tag_value,
     parse_ref,
+    utf8_safe,
 )
 
 __all__ = ["Kind", "MAPS", "STEERS", "KINDS", "VersionedStore", "LRUCache", "artifacts_in_use", "collected", "now",
@@ -284,6 +285,8 @@ class VersionedStore:
         artifact it stored (:meth:`ArtifactStore.discard`: not one a committed version names or another writer holds).
         """
         created = values["created_at"]
+        if "inputs" in values:  # a file name that is not UTF-8 (see utf8_safe): every answer naming it was a 500
+            values = {**values, "inputs": utf8_safe(values["inputs"])}
 
         def fn(t):
             if before is not None:

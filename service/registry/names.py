@@ -18,7 +18,7 @@ from .errors import InvalidNameError
 
 __all__ = ["check_name", "check_alias", "check_tag_key", "check_tag_value", "check_tag_count", "check_tags", "check_text",
            "check_seed", "parse_ref", "parse_version", "fs_safe", "MAX_NAME", "MAX_ALIAS", "MAX_REF", "MAX_TAG_BYTES",
-           "MAX_TAGS", "NAME_PATTERN", "ALIAS_PATTERN", "REF_PATTERN"]
+           "MAX_TAGS", "NAME_PATTERN", "ALIAS_PATTERN", "REF_PATTERN", "utf8_safe"]
 
 MAX_NAME = 128
 MAX_ALIAS = 64
@@ -120,6 +120,27 @@ def check_text(value, what: str):
         except UnicodeEncodeError:
             raise InvalidNameError(f"{what} holds a lone surrogate character, which is not text") from None
     return value
+
+
+def utf8_safe(obj):
+    """``obj`` with every string made valid UTF-8 (dicts, lists and tuples walked): an undecodable byte of a file
+    name (``os.fsdecode``'s surrogate escape, e.g. ``bad\\udcff.npy``) as ``\\xff`` (``bad\\xff.npy``), any other
+    lone surrogate as its ``\\udXXX`` escape. A path recorded as read (`fit --source $'bad\\xff.npy'`) crashed the
+    fit report's write (exit 3 with the version registered) and every JSON answer naming it (500)."""
+    if isinstance(obj, str):
+        try:
+            obj.encode("utf-8")
+            return obj
+        except UnicodeEncodeError:
+            try:
+                return obj.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+            except UnicodeEncodeError:  # a surrogate no file name decodes to (e.g. half a pair, from JSON)
+                return obj.encode("utf-8", "backslashreplace").decode("utf-8")
+    if isinstance(obj, dict):
+        return {utf8_safe(k): utf8_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [utf8_safe(v) for v in obj]
+    return obj
 
 
 def check_seed(random_state) -> int | None:
