@@ -6,10 +6,13 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 from _api_support import R, settings_for
+from _servers import ROOT
 from conftest import run_cli as run
 
 BAD = os.fsdecode(b"bad\xff\xfe.npy")  # what the CLI gets from argv for $'bad\xff\xfe.npy' (surrogate escapes)
@@ -88,3 +91,24 @@ def test_a_record_stored_with_a_lone_surrogate_is_answered(capsys, files, tmp_pa
     assert answers[0][1]["resolved"]["inputs"]["source"]["path"] == str(files / SHOWN)
     assert answers[2][1]["inputs"] == {"via": "cli", "source": {"path": str(files / SHOWN)}, "half": "x\\ud800"}
 
+
+def _latin1(*args):
+    env = {**os.environ, "PYTHONIOENCODING": "latin-1", "PYTHONPATH": str(ROOT)}
+    return subprocess.run([sys.executable, "-m", "service.cli", *map(str, args)], capture_output=True, env=env,
+                          check=False, timeout=120)
+
+
+def test_an_output_encoding_that_is_not_utf8_escapes_what_it_cannot_write(capsys, files):
+    """Under PYTHONIOENCODING=latin-1 (or cp1252, an ISO-8859 locale) `fit --help` (its "↔") and `registry show` of
+    a description with an emoji were "internal error: UnicodeEncodeError", exit 3. Now what the encoding cannot
+    hold is written as a backslash escape, the rest as it is."""
+    p = _latin1("fit", "--help")
+    assert p.returncode == 0 and b"row i \\u2194 row i" in p.stdout, p.stderr
+    d = files / "data"
+    code, _, err = run(capsys, "--data-dir", d, "fit", "--source", files / "tgt.npy", "--target", files / BAD,
+                       "--source-space", "a", "--target-space", "b", "--method", "procrustes", "--name", "m",
+                       "--description", "d\u00e9ploy\u00e9 \U0001f680", "--quiet")
+    assert code == 0, err
+    p = _latin1("--data-dir", d, "registry", "show", "m:1")
+    assert p.returncode == 0, p.stderr
+    assert "d\u00e9ploy\u00e9 \\U0001f680".encode("latin-1") in p.stdout  # é is latin-1: written as is
