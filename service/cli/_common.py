@@ -25,7 +25,7 @@ from tqdm import tqdm
 from align.exceptions import InputError, PairCountError
 
 from ..config import load_settings
-from ..encoders import canonical_name, space_encoder
+from ..encoders import space_encoder
 from ..io import (
     check_file,
     count_rows,
@@ -38,11 +38,11 @@ from ..io import (
 from ..limits import MAX_SEED
 from ..registry import NotFoundError, open_registry
 from ..registry.errors import InvalidNameError
-from ..registry.names import MAX_NAME, parse_version
+from ..registry.names import parse_version
 from . import check_stop
 
 __all__ = ["Ctx", "alias_command", "echo_record", "emit_summaries", "versions_summary", "emit", "version_record",
-           "progress_bar", "stderr_is_terminal", "option_given", "parse_kv", "registry_option", "space_name",
+           "progress_bar", "stderr_is_terminal", "option_given", "parse_kv", "registry_option",
            "file_rows_opts", "input_opts", "read_pair", "read_seed_pairs", "read_labels", "read_ids", "store_opts",
            "json_opt",
            "quiet_opt", "description_opt", "random_state_opt", "register_opts", "VERSION", "registry_exists", "warn",
@@ -306,18 +306,6 @@ def parse_kv(items, what="parameter", *, raw: bool = False) -> dict:
         except RecursionError:
             raise click.UsageError(f"{what} {k}: the value is nested too deep") from None
     return out
-
-
-def space_name(path: str, encoder: str | None, given: str | None) -> str:
-    """The space of an input: as given, else the encoder's canonical name, else the file stem made a valid name
-    (other characters as '_', no '..', at most 128 characters: `mini..lm.npy` was "source space 'mini..lm' is not
-    allowed", and a 140-character stem too long)."""
-    if given:
-        return given
-    if encoder:
-        return canonical_name(encoder)
-    stem = re.sub(r"\.{2,}", ".", re.sub(r"[^A-Za-z0-9._-]", "_", Path(path).stem))
-    return stem.lstrip(".-")[:MAX_NAME] or "space"
 
 
 def check_text_encoder(registry, path: str, space: str, encoder: str | None) -> str | None:

@@ -8,6 +8,8 @@ Each command parses its options, calls one operation (:func:`service.ops.maps.ru
 from __future__ import annotations
 
 import io
+import os
+import re
 import sys
 import warnings
 from pathlib import Path
@@ -24,10 +26,12 @@ from ..ops.maps import SUPERVISED, run_fit, unreliable_note
 from ..ops.transform import transform_file
 from ..ops.plans import EVAL_MAX_QUERIES, evaluate_map, plan
 from ..ops.unpaired import UNPAIRED, check_unpaired, check_unpaired_method
+from ..encoders import canonical_name
+from ..registry.names import MAX_NAME, utf8_safe
 from ..storage import atomic_write, check_writable
 from ._common import (ROWS, Ctx, check_text_encoder, description_opt, emit, file_rows_opts, input_opts, json_opt,
                       option_given, parse_kv, progress_bar, quiet_opt, ray_logs, random_state_opt, read_pair,
-                      read_relevant, read_seed_pairs, rows_record, space_name, version_record, warn)
+                      read_relevant, read_seed_pairs, rows_record, version_record, warn)
 
 __all__ = ["fit", "eval_cmd", "plan_cmd", "transform"]
 
@@ -104,8 +108,7 @@ def fit(obj: Ctx, paired, seed_pairs, method, params, name, source_space, target
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", VecbridgeWarning)
         try:
-            source_space = space_name(io_opts["source"], io_opts["source_encoder"], source_space)
-            target_space = space_name(io_opts["target"], io_opts["target_encoder"], target_space)
+            source_space, target_space = _space_names(io_opts, source_space, target_space)
             for side, space in (("source", source_space), ("target", target_space)):
                 io_opts[f"{side}_encoder"] = check_text_encoder(obj.registry, io_opts[side], space,
                                                                 io_opts[f"{side}_encoder"])
@@ -139,6 +142,39 @@ def fit(obj: Ctx, paired, seed_pairs, method, params, name, source_space, target
                    f"chosen for a path nor meant by a bare name (use {v.ref}); exit 1 (--allow-unreliable to "
                    f"accept)", err=True)
         sys.exit(1)
+
+
+def _space_name(path: str, encoder: str | None, given: str | None, side: str) -> str:
+    if given:
+        return given
+    if encoder:
+        return canonical_name(encoder)
+    stem = re.sub(r"\.{2,}", ".", re.sub(r"[^A-Za-z0-9._-]", "_", Path(path).stem)).lstrip(".-")[:MAX_NAME]
+    if not re.search(r"[A-Za-z0-9]", stem):  # `旧.npy` and `新.npy` were both space '_'
+        raise InputError(f"--{side} {utf8_safe(path)}: its file name makes no space name; name the space with "
+                         f"--{side}-space")
+    return stem
+
+
+def _space_names(o: dict, source_space: str | None, target_space: str | None) -> tuple[str, str]:
+    """The spaces of a fit's :func:`input_opts` ``o``: as given, else the encoder's canonical name, else the file
+    stem made a valid name (other characters as '_', no '..', at most 128 characters: `mini..lm.npy` was "source
+    space 'mini..lm' is not allowed", and a 140-character stem too long). A default that names no space, or the same
+    one as the other side's for another file, is an InputError (exit 2): `old/embeddings.npy -> new/embeddings.npy`
+    registered `embeddings -> embeddings`, and a search from that space then applied no map (wrong rows)."""
+    src, tgt = (_space_name(o[side], o[f"{side}_encoder"], given, side)
+                for side, given in (("source", source_space), ("target", target_space)))
+    if src == tgt and not (source_space and target_space) and not _same_file(o["source"], o["target"]):
+        raise InputError(f"--source {utf8_safe(o['source'])} and --target {utf8_safe(o['target'])} would both be "
+                         f"space {src!r}: name the spaces with --source-space / --target-space")
+    return src, tgt
+
+
+def _same_file(a: str, b: str) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:  # one is missing: reading it says so
+        return os.path.abspath(a) == os.path.abspath(b)
 
 
 def _unpaired_options(method: str, io_opts: dict) -> dict[str, tuple]:

@@ -351,6 +351,40 @@ def test_a_space_named_after_a_file_stem_is_a_valid_name(capsys, data, tmp_path)
     assert (json.loads(out)["source_space"], json.loads(out)["target_space"]) == ("mini.lm", "e" * 128)
 
 
+def test_two_files_whose_stems_name_one_space_are_refused(capsys, data, tmp_path):
+    """`fit --source old/embeddings.npy --target new/embeddings.npy` registered `embeddings -> embeddings` (both spaces
+    defaulted to the stem), and `index search --space embeddings` then applied no map: wrong rows, no word. Stems
+    with no letter or digit (`旧.npy`, `新.npy`) both became '_'. Now such a default is refused (exit 2, nothing
+    registered) and says to name the spaces; named, or one file read twice, the fit goes through."""
+    import shutil
+
+    for a, b in (("old/embeddings.npy", "new/embeddings.npy"), ("旧.npy", "新.npy"), ("x/___.npy", "y/___.npy")):
+        for rel, orig in ((a, "src.npy"), (b, "tgt.fvecs")):
+            (tmp_path / rel).parent.mkdir(exist_ok=True)
+            np.save(tmp_path / rel, read_vectors(data / orig))
+    var = tmp_path / "var"
+    base = ["--data-dir", var, "fit", "--rows", "0:600", "--method", "procrustes", "--name", "m", "--quiet", "--json"]
+    for a, b, extra, said in [
+            ("old/embeddings.npy", "new/embeddings.npy", [], "would both be space 'embeddings'"),
+            ("old/embeddings.npy", "new/embeddings.npy", ["--source-space", "embeddings"], "would both be space"),
+            ("旧.npy", "新.npy", [], "--source " + str(tmp_path / "旧.npy") + ": its file name makes no space name"),
+            ("旧.npy", "新.npy", ["--source-space", "old"], "--target-space"),
+            ("x/___.npy", "y/___.npy", [], "name the space with --source-space")]:
+        code, out, err = run(capsys, *base, "--source", tmp_path / a, "--target", tmp_path / b, *extra)
+        assert code == 2 and out == "" and said in err and "-space" in err, (a, extra, err)
+        assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert run(capsys, "--data-dir", var, "registry", "list", "--json")[1].count('"name"') == 0
+    code, out, err = run(capsys, *base, "--source", tmp_path / "old/embeddings.npy", "--target",
+                         tmp_path / "new/embeddings.npy", "--source-space", "old", "--target-space", "new")
+    assert code == 0, err
+    assert (json.loads(out)["source_space"], json.loads(out)["target_space"]) == ("old", "new")
+    shutil.copy(data / "src.npy", tmp_path / "old" / "same.npy")  # one file, two row ranges: truly one space
+    code, out, err = run(capsys, *base, "--source", tmp_path / "old/same.npy", "--target", tmp_path / "old/same.npy",
+                         "--source-rows", "0:300", "--target-rows", "300:600", "--name", "within", "--allow-unreliable")
+    assert code == 0, err
+    assert (json.loads(out)["source_space"], json.loads(out)["target_space"]) == ("same", "same")
+
+
 @pytest.mark.parametrize("args, message", [
     (["--source", "{d}/missing.npy"], "no such file"),
     (["--rows", "0:5000"], "outside"),
