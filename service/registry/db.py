@@ -626,7 +626,7 @@ def sqlite_path(url: str) -> Path | None:
     if not path or path.endswith("/") or Path(path).is_dir():
         raise InvalidNameError(f"registry URL {url[:60]!r} names a folder, not a database file: "
                                "use sqlite:///relative/registry.sqlite or sqlite:////absolute/registry.sqlite")
-    return Path(path)
+    return Path(path).expanduser()  # sqlite:///~/vb.sqlite: the home folder's, as for --data-dir
 
 
 def open_db(url: str, *, pool_size: int | None = None, statement_timeout_s: float | None = None):

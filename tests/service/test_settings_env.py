@@ -267,3 +267,25 @@ def test_the_container_command_serves_and_its_healthcheck_passes_on_a_changed_po
         assert _serve(health, env, timeout=30).returncode == 0
     finally:
         stop(proc)
+
+
+def test_a_home_folder_tilde_is_expanded_in_data_dir_and_a_sqlite_url(clean_env, tmp_path, capsys):
+    """`--data-dir=~/vb` (no shell expands a `~` after '='), `VECBRIDGE_DATA_DIR=~/vb` from an env file and
+    `sqlite:///~/reg.sqlite` made a folder named '~' in the current directory; now they are the home folder's, as
+    pip and git read them."""
+    from conftest import run_cli
+
+    home, work = tmp_path / "home", tmp_path / "work"
+    home.mkdir()
+    work.mkdir()
+    clean_env.chdir(work)
+    clean_env.setenv("HOME", str(home))
+    code, _, err = run_cli(capsys, "--data-dir=~/vb", "registry", "list")
+    assert code == 0 and f"no registry at {home / 'vb' / 'registry.sqlite'} yet" in err, err
+    clean_env.setenv("VECBRIDGE_DATA_DIR", "~/env-vb")
+    clean_env.setenv("VECBRIDGE_ARTIFACT_DIR", "~/art")
+    s = load_settings()
+    assert s.data_dir == home / "env-vb" and s.resolved_artifact_dir() == home / "art"
+    code, _, err = run_cli(capsys, "--registry-url", "sqlite:///~/reg.sqlite", "registry", "list")
+    assert code == 0 and f"no registry at {home / 'reg.sqlite'} yet" in err, err
+    assert not (work / "~").exists()
