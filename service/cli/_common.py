@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import json
+import math
 import re
 import sys
 import warnings
@@ -42,7 +43,7 @@ from ..registry.names import parse_version
 from . import check_stop
 
 __all__ = ["Ctx", "alias_command", "echo_record", "emit_summaries", "versions_summary", "emit", "version_record",
-           "progress_bar", "stderr_is_terminal", "option_given", "parse_kv", "registry_option",
+           "progress_bar", "stderr_is_terminal", "option_given", "parse_kv", "registry_option", "FiniteRange",
            "file_rows_opts", "input_opts", "read_pair", "read_seed_pairs", "read_labels", "read_ids", "store_opts",
            "json_opt",
            "quiet_opt", "description_opt", "random_state_opt", "register_opts", "VERSION", "registry_exists", "warn",
@@ -319,6 +320,17 @@ def check_text_encoder(registry, path: str, space: str, encoder: str | None) -> 
     except NotFoundError:
         return encoder
     return space_encoder(space, info.encoder, encoder)
+
+
+class FiniteRange(click.FloatRange):
+    """``click.FloatRange`` that refuses NaN and infinity: a NaN passes every bound, so `registry gc --wait nan` was
+    accepted and waited forever."""
+
+    def convert(self, value, param, ctx):
+        out = super().convert(value, param, ctx)
+        if not math.isfinite(out):
+            self.fail(f"{value!r} is not a finite number", param, ctx)
+        return out
 
 
 class _Version(click.ParamType):

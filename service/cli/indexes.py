@@ -43,6 +43,7 @@ from ..storage import atomic_write, check_writable
 from ._common import (
     ROWS,
     Ctx,
+    FiniteRange,
     echo_record,
     emit,
     json_opt,
@@ -328,7 +329,7 @@ def index_drop(obj: Ctx, name, yes):
 @click.option("-k", "--k", "k", type=click.IntRange(1), default=10, show_default=True, help="Hits per query (the HTTP k).")
 @click.option("--csls", is_flag=True, help="Re-rank by CSLS (less hubness).")
 @click.option("--csls-k", type=click.IntRange(1, 1000), default=10, show_default=True)
-@click.option("--csls-weight", type=click.FloatRange(0, 2), default=CSLS_WEIGHT, show_default=True)
+@click.option("--csls-weight", type=FiniteRange(0, 2), default=CSLS_WEIGHT, show_default=True)
 @click.option("--exact", is_flag=True, help="Scan every row (no HNSW / IVF approximation).")
 @click.option("--ef-search", type=click.IntRange(1), default=None)
 @click.option("--nprobe", type=click.IntRange(1), default=None)

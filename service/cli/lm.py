@@ -16,7 +16,7 @@ from align.exceptions import InputError
 
 from ..io import read_texts
 from ..ops import lm as ops
-from ._common import Ctx, emit, json_opt, progress_bar, random_state_opt, read_labels, register_opts
+from ._common import Ctx, FiniteRange, emit, json_opt, progress_bar, random_state_opt, read_labels, register_opts
 
 __all__ = ["lm"]
 
@@ -80,9 +80,9 @@ def lm_steer_fit(obj: Ctx, texts, labels, name, rank, steps, eps, lr, random_sta
 @click.option("--prompt", required=True)
 @click.option("--steer", "steers", multiple=True, help="REF=EPS, repeatable (composed by summation).")
 @click.option("--max-new-tokens", type=click.IntRange(1, 256), default=30, show_default=True)
-@click.option("--temperature", type=click.FloatRange(0, 10), default=1.0, show_default=True,
+@click.option("--temperature", type=FiniteRange(0, 10), default=1.0, show_default=True,
               help="Sampling temperature (sampling with --top-p is the default); 0: greedy.")
-@click.option("--top-p", type=click.FloatRange(0.01, 1.0), default=0.9, show_default=True)
+@click.option("--top-p", type=FiniteRange(0.01, 1.0), default=0.9, show_default=True)
 @random_state_opt
 @json_opt
 @click.pass_obj

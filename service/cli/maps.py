@@ -29,8 +29,8 @@ from ..ops.unpaired import UNPAIRED, check_unpaired, check_unpaired_method
 from ..encoders import canonical_name
 from ..registry.names import MAX_NAME, utf8_safe
 from ..storage import atomic_write, check_writable
-from ._common import (ROWS, Ctx, check_text_encoder, description_opt, emit, file_rows_opts, input_opts, json_opt,
-                      option_given, parse_kv, progress_bar, quiet_opt, ray_logs, random_state_opt, read_pair,
+from ._common import (ROWS, Ctx, FiniteRange, check_text_encoder, description_opt, emit, file_rows_opts, input_opts,
+                      json_opt, option_given, parse_kv, progress_bar, quiet_opt, ray_logs, random_state_opt, read_pair,
                       read_relevant, read_seed_pairs, rows_record, version_record, warn)
 
 __all__ = ["fit", "eval_cmd", "plan_cmd", "transform"]
@@ -277,7 +277,7 @@ def _versus_old(lab: dict) -> str:
 @click.option("--csls/--no-csls", default=False,
               help="Also rank by CSLS: top-1 of the pairs, and with --queries the labelled retention (and the gate) of "
                    "the migrated index searched as the service's csls search does (plain cosine kept beside it).")
-@click.option("--csls-weight", type=click.FloatRange(0, 2), default=CSLS_WEIGHT, show_default=True,
+@click.option("--csls-weight", type=FiniteRange(0, 2), default=CSLS_WEIGHT, show_default=True,
               help="Weight of the document's hubness in labelled CSLS search (the search route's csls_weight).")
 @click.option("--max-queries", type=click.IntRange(min=1), default=EVAL_MAX_QUERIES, show_default=True,
               help="Rank at most this many held-out pairs (a sample drawn with --random-state), each against ALL the "
@@ -381,7 +381,7 @@ def eval_cmd(obj: Ctx, ref, min_top1, min_retention, queries_path, queries_rows,
               help="New-model vectors of the same texts, row i <-> row i.")
 @click.option("--probe-rows", type=ROWS, default=None,
               help="START:STOP rows of both probe files, or a file of row indices.")
-@click.option("--target-retention", type=click.FloatRange(0, 1, min_open=True), default=0.95, show_default=True)
+@click.option("--target-retention", type=FiniteRange(0, 1, min_open=True), default=0.95, show_default=True)
 @random_state_opt
 @click.option("--rows-out", type=click.Path(dir_okay=False), default=None,
               help="Write the recommended rows to re-embed (.npy int64 indices into --old; --json lists them as "

@@ -19,7 +19,8 @@ from ..ops.vectordb import (checkpoint_status, default_checkpoint, needs_registr
 from ..vectordb import MigrationInterrupted
 from ..vectordb.lost import quiet_client_logs
 from . import check_stop
-from ._common import ROWS, Ctx, emit, json_opt, random_state_opt, stderr_is_terminal, store_opts, warn
+from ._common import (ROWS, Ctx, FiniteRange, emit, json_opt, random_state_opt, stderr_is_terminal, store_opts,
+                      warn)
 
 __all__ = ["migrate", "verify"]
 
@@ -33,7 +34,7 @@ __all__ = ["migrate", "verify"]
               help="Progress file (default: DATA_DIR/migrations/SOURCE-to-TARGET.json); rerun to resume.")
 @click.option("--alias", default=None, help="Switch this alias to the target when every row is written.")
 @click.option("--batch-size", type=click.IntRange(1, 1_000_000), default=2000, show_default=True)
-@click.option("--pause", type=click.FloatRange(0), default=0.0, help="Seconds to sleep after each batch.")
+@click.option("--pause", type=FiniteRange(0), default=0.0, help="Seconds to sleep after each batch.")
 @click.option("--index", type=click.Choice(["hnsw", "ivfflat", "none", "like"]), default=None,
               help="PostgreSQL: index built on the target (default like: the source table's own index, its "
                    "method and options, or none when the source has none).")
@@ -191,7 +192,7 @@ class _MigrationProgress:
               help="How many of the sampled rows act as queries (a count; `eval --queries` is a file).")
 @click.option("--k", type=click.IntRange(1, 1000), default=10, show_default=True, help="Cut-off of recall@k.")
 @random_state_opt
-@click.option("--min-recall", type=click.FloatRange(0, 1), default=None,
+@click.option("--min-recall", type=FiniteRange(0, 1), default=None,
               help="PASS/FAIL gate on recall@k: exit 1 when below.")
 @json_opt
 @click.pass_obj

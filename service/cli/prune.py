@@ -22,7 +22,7 @@ class Duration(click.ParamType):
     MAX_S = 100 * 365 * 86400
 
     def convert(self, value, param, ctx):
-        m = re.fullmatch(r"(\d+(?:\.\d+)?)([smhdw])", str(value).strip().lower())
+        m = re.fullmatch(r"([0-9]+(?:\.[0-9]+)?)([smhdw])", str(value).strip().lower())  # not \d: "١d" was 1 day
         if m is None:
             self.fail(f"{value!r} is not a duration: a number and a unit, s m h d or w (30d, 12h)", param, ctx)
         seconds = float(m[1]) * self.UNITS[m[2]]

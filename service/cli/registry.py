@@ -15,6 +15,7 @@ from ..registry.names import parse_ref
 from ._common import (
     VERSION,
     Ctx,
+    FiniteRange,
     alias_command,
     echo_record,
     emit,
@@ -156,7 +157,7 @@ def registry_verify(obj: Ctx, sweep, as_json):
 @click.option("--dry-run", is_flag=True, help="Say what would be removed (and the bytes); remove nothing.")
 @click.option("--older-than", "older_than", type=Duration(), default=None, metavar="DURATION",
               help="Only versions deleted at least this long ago (30d, 12h, 90m) [default: every deleted version].")
-@click.option("--wait", "wait_s", type=click.FloatRange(0, 86400), default=GC_WAIT_S, show_default=True,
+@click.option("--wait", "wait_s", type=FiniteRange(0, 86400), default=GC_WAIT_S, show_default=True,
               metavar="SECONDS", help="How long to wait for fits, imports, exports and backups holding the artifact "
               "folder; then exit 75, nothing removed.")
 @click.option("--orphans", is_flag=True, help="Also remove artifact files no version names (a writer killed before "

@@ -404,6 +404,9 @@ def test_registry_gc_command(tmp_path, capsys):
     assert code == 0 and shown["collected_at"] and shown["artifact_file"] is None and shown["report_file"] is None
     code, out, err = run_cli(capsys, *base, "gc", "--older-than", "3 fortnights")
     assert code == 2 and "is not a duration" in err and len(err.strip().splitlines()) == 1
+    for digits in ("\u0661d", "\uff11d"):  # Arabic-Indic and fullwidth 1: `\\d` took them, 1 day
+        code, out, err = run_cli(capsys, *base, "gc", "--older-than", digits, "--dry-run")
+        assert code == 2 and "is not a duration" in err, (digits, err)
     for huge in ("1000000d", "99999999999999999999w", "1" * 400 + "s"):  # were OverflowError / a C int error, exit 3
         code, out, err = run_cli(capsys, *base, "gc", "--older-than", huge, "--dry-run")
         assert code == 2 and "more than 100 years" in err and len(err.strip().splitlines()) == 1, (huge, err)
@@ -425,6 +428,10 @@ def test_registry_gc_waits_wait_seconds_for_a_backup_then_exits_75(tmp_path, cap
         assert 0.3 <= time.monotonic() - start < 30 and reg.artifact_file(v).exists()
     code, out, err = run_cli(capsys, *base, "--wait", "-1")
     assert code == 2 and "--wait" in err
+    for bad in ("nan", "inf"):  # a NaN passed click's bounds: `--wait nan` was accepted, and waited for ever
+        code, out, err = run_cli(capsys, *base, "--wait", bad)
+        assert code == 2 and "--wait" in err and reg.artifact_file(v).exists(), err
+        assert bad == "inf" or "'nan' is not a finite number" in err, err
     code, out, _ = run_cli(capsys, *base, "--wait", "0")
     assert code == 0 and "collected 1 deleted version(s)" in out and not reg.artifact_file(v).exists()
     reg.close()
