@@ -39,7 +39,7 @@ from ..io import (
 from ..limits import MAX_SEED
 from ..registry import NotFoundError, open_registry
 from ..registry.errors import InvalidNameError
-from ..registry.names import parse_version
+from ..registry.names import parse_version, utf8_safe
 from . import check_stop
 
 __all__ = ["Ctx", "alias_command", "echo_record", "emit_summaries", "versions_summary", "emit", "version_record",
@@ -263,7 +263,8 @@ def echo_record(d: dict, skip=()) -> None:
 
     for k, val in d.items():
         if k not in skip:
-            shown = (json.dumps(json_finite(val), sort_keys=True, default=str, allow_nan=False)  # NaN: null
+            shown = (json.dumps(utf8_safe(json_finite(val)), sort_keys=True, default=str, allow_nan=False,
+                                ensure_ascii=False)  # NaN: null; a tag or path in 中文 as written, not \u4e2d\u6587
                      if isinstance(val, (dict, list)) else val)
             click.echo(f"{k:16} {shown}")
 

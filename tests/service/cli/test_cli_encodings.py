@@ -112,3 +112,17 @@ def test_an_output_encoding_that_is_not_utf8_escapes_what_it_cannot_write(capsys
     p = _latin1("--data-dir", d, "registry", "show", "m:1")
     assert p.returncode == 0, p.stderr
     assert "d\u00e9ploy\u00e9 \\U0001f680".encode("latin-1") in p.stdout  # é is latin-1: written as is
+
+
+def test_registry_show_writes_tags_and_paths_as_they_are(capsys, files):
+    """`registry show` printed a record's dicts as ASCII JSON: a tag 'owner=张' as "\\u5f20", an input 中.npy as
+    "\\u4e2d.npy". Now they read as written (a file name that is not UTF-8 still with its \\xNN escapes)."""
+    (files / "中.npy").write_bytes((files / BAD).read_bytes())
+    d = files / "data"
+    code, _, err = run(capsys, "--data-dir", d, "fit", "--source", files / "中.npy", "--target", files / "tgt.npy",
+                       "--source-space", "a", "--target-space", "b", "--method", "procrustes", "--name", "m",
+                       "--tag", "owner=张", "--quiet")
+    assert code == 0, err
+    code, out, err = run(capsys, "--data-dir", d, "registry", "show", "m:1")
+    assert code == 0, err
+    assert '"owner": "张"' in out and str(files / "中.npy") in out and "\\u" not in out, out
