@@ -1007,6 +1007,22 @@ def test_a_space_cannot_be_deleted_under_a_registration_in_flight(registry_url, 
     reg.close()
 
 
+def test_an_input_path_that_is_not_utf8_is_stored_escaped_on_both_backends(reg):
+    """The file names a version records come from the file system: one that is not UTF-8 reaches the registry with
+    surrogate escapes (os.fsdecode), which both backends stored as they came, for every JSON answer naming the
+    version to fail on (HTTP 500). Both store its bytes as \\xNN now, for maps and steers alike."""
+    import os
+
+    bad = os.fsdecode(b"/data/bad\xff.npy")
+    m = align.LinearMap(np.eye(4))
+    v = reg.register_version("s", m, source_space="p", target_space="q", method="identity", params={},
+                             inputs={"source": {"path": bad}, "half": ["x\ud800"]})
+    want = {"source": {"path": "/data/bad\\xff.npy"}, "half": ["x\\ud800"]}
+    assert v.inputs == want and reg.get_version("s", 1).inputs == want
+    st = reg.register_steer("t", align.MeanShift(np.ones(4, dtype=np.float32)), space="p", inputs={"vectors": bad})
+    assert reg.get_steer("t", 1).inputs == {"vectors": "/data/bad\\xff.npy"} == st.inputs
+
+
 def test_a_seed_past_64_bits_and_a_lone_surrogate_are_refused_alike_on_both_backends(reg):
     """random_state >= 2**63 was a raw OverflowError on SQLite and NumericValueOutOfRange on PostgreSQL; a lone
     surrogate in a description or tag a raw UnicodeEncodeError. Both are InvalidNameError now, nothing written."""
