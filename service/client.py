@@ -39,6 +39,8 @@ Errors: a 4xx/5xx answer raises the :class:`APIError` subclass of its status, ca
      +-- UnexpectedResponseError     an answer that is not the API's (a proxy's page, a cut body, a redirect)
     APIConnectionError (VecbridgeError, httpx.TransportError)   no answer: refused, reset, server gone
      +-- APITimeoutError         no answer within ``timeout``
+     +-- ClientClosedError       a call after ``close()``: nothing sent, never retried
+    EventLoopError (VecbridgeError, RuntimeError)   an AsyncClient called from a loop other than the one it serves
     JobError                    :meth:`Client.wait` on a job that failed or was cancelled: .job
      +-- JobFailedError
      +-- JobCancelledError
@@ -64,19 +66,30 @@ import math
 import numbers
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, Self
+from typing import Any
 
 import httpx
 import numpy as np
 
-from .client_core import Await, Calls, Sleep, call, partly_added, retriable
+from .client_core import (
+    AsyncDriven,
+    Await,
+    Calls,
+    Sleep,
+    SyncDriven,
+    call,
+    partly_added,
+    retriable,
+)
 from .client_errors import (
     APIConnectionError,
     APIError,
     APITimeoutError,
     AuthenticationError,
     BadRequestError,
+    ClientClosedError,
     ConflictError,
+    EventLoopError,
     JobCancelledError,
     JobError,
     JobFailedError,
@@ -119,9 +132,9 @@ from .client_wire import seg as _seg
 
 __all__ = [
     "APIConnectionError", "APIError", "APITimeoutError", "Artifact", "AsyncClient", "AuthenticationError",
-    "BadRequestError", "Client", "ConflictError", "JobCancelledError", "JobError", "JobFailedError",
-    "JobTimeoutError", "NotFoundError", "PayloadTooLargeError", "PermissionDeniedError", "PreconditionFailedError",
-    "QueueFullError", "ServerError", "ServiceUnavailableError", "UnexpectedResponseError",
+    "BadRequestError", "Client", "ClientClosedError", "ConflictError", "EventLoopError", "JobCancelledError",
+    "JobError", "JobFailedError", "JobTimeoutError", "NotFoundError", "PayloadTooLargeError", "PermissionDeniedError",
+    "PreconditionFailedError", "QueueFullError", "ServerError", "ServiceUnavailableError", "UnexpectedResponseError",
     "UnsupportedMediaTypeError", "ValidationError", "VersionRecord", "error_from_response",
 ]
 
@@ -501,7 +514,8 @@ class APICalls(SteerCalls, TagCalls, Calls):
             try:
                 job = yield from self._json("GET", f"/v1/jobs/{_seg(job_id)}")
             except (APIConnectionError, APIError) as e:
-                if (isinstance(e, APIError) and not retriable(e)) or time.monotonic() >= deadline:
+                if (isinstance(e, APIError) and not retriable(e)) or isinstance(e, ClientClosedError) \
+                        or time.monotonic() >= deadline:
                     raise
                 yield Sleep(max(0.0, min(max(poll, 1.0), deadline - time.monotonic())))
                 continue
@@ -591,32 +605,22 @@ _PARAMETERS = """
 """
 
 
-class Client(APICalls, driver="sync"):
+class Client(APICalls, SyncDriven, driver="sync"):
     __doc__ = f"""Talks to one vecbridge service (blocking calls on ``httpx.Client``).
 {_PARAMETERS}
     The client is a context manager; :meth:`close` releases its connections. :class:`AsyncClient` has the same
-    methods as coroutines.
+    methods as coroutines. A process forked after it was used (a ``fork`` process pool) gets connections of its
+    own; pickling (a ``spawn`` pool) and ``copy`` rebuild it from its settings, API key included.
     """
 
     def __init__(self, base_url: str, api_key: str | None = None, *, timeout: float = 60.0, page_size: int = 500,
                  max_retries: int = 2, max_retry_wait: float = 60.0, transport: httpx.BaseTransport | None = None,
                  headers: dict | None = None, batch_size: int | None = None) -> None:
-        self._setup(page_size=page_size, max_retries=max_retries, max_retry_wait=max_retry_wait,
-                    batch_size=batch_size)
-        self._http = httpx.Client(base_url=self._base(base_url), headers=self._headers(api_key, headers),
-                                  timeout=self._timeout(timeout), transport=transport)
-
-    def close(self) -> None:
-        self._http.close()
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
+        self._setup(base_url, api_key, timeout=timeout, page_size=page_size, max_retries=max_retries,
+                    max_retry_wait=max_retry_wait, batch_size=batch_size, headers=headers, transport=transport)
 
 
-class AsyncClient(APICalls, driver="async"):
+class AsyncClient(APICalls, AsyncDriven, driver="async"):
     __doc__ = f"""Talks to one vecbridge service from asyncio: every method of :class:`Client` as a coroutine, with
     the same arguments, answers, errors, retries (``asyncio.sleep`` between them), batches and pagination (one
     implementation runs both: :mod:`service.client_core`).
@@ -624,25 +628,13 @@ class AsyncClient(APICalls, driver="async"):
     ``async with AsyncClient(...) as vb:`` closes its connections at the end (or ``await vb.close()``). Calls
     may run concurrently (``asyncio.gather``) on its connection pool. ``wait``'s ``progress`` may be a plain
     callable or an ``async def``. Encoding and decoding vectors (base64, numpy) runs in the event loop: for very
-    large arrays, ``batch_size`` keeps each step short.
+    large arrays, ``batch_size`` keeps each step short. Its connections belong to one event loop: used again
+    after that loop ended (a second ``asyncio.run``), it opens new ones (:class:`service.client_core.AsyncDriven`).
     """
 
     def __init__(self, base_url: str, api_key: str | None = None, *, timeout: float = 60.0, page_size: int = 500,
                  max_retries: int = 2, max_retry_wait: float = 60.0,
                  transport: httpx.AsyncBaseTransport | None = None, headers: dict | None = None,
                  batch_size: int | None = None) -> None:
-        self._setup(page_size=page_size, max_retries=max_retries, max_retry_wait=max_retry_wait,
-                    batch_size=batch_size)
-        self._http = httpx.AsyncClient(base_url=self._base(base_url), headers=self._headers(api_key, headers),
-                                       timeout=self._timeout(timeout), transport=transport)
-
-    async def close(self) -> None:
-        await self._http.aclose()
-
-    aclose = close
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(self, *exc) -> None:
-        await self.close()
+        self._setup(base_url, api_key, timeout=timeout, page_size=page_size, max_retries=max_retries,
+                    max_retry_wait=max_retry_wait, batch_size=batch_size, headers=headers, transport=transport)

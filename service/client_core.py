@@ -24,10 +24,11 @@ from __future__ import annotations
 import asyncio
 import functools
 import inspect
+import os
 import re
 import time
 from collections.abc import Callable, Generator, Sequence
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Self
 
 import httpx
 import numpy as np
@@ -40,6 +41,8 @@ from .client_errors import (
     APIError,
     APITimeoutError,
     AuthenticationError,
+    ClientClosedError,
+    EventLoopError,
     NotFoundError,
     PayloadTooLargeError,
     PermissionDeniedError,
@@ -52,8 +55,9 @@ from .client_errors import (
 from .client_wire import as_count, as_seconds, as_version, dumps, spans
 from .limits import whole_body_command
 
-__all__ = ["IDEMPOTENT", "LIMIT_KEYS", "LOOK_FIRST_BYTES", "LOOK_FIRST_HITS", "RETRY_STATUS", "Await", "Calls", "Send",
-           "Sleep", "call", "in_batch", "noted", "partly_added", "retriable", "run_async", "run_sync"]
+__all__ = ["IDEMPOTENT", "LIMIT_KEYS", "LOOK_FIRST_BYTES", "LOOK_FIRST_HITS", "RETRY_STATUS", "AsyncDriven", "Await",
+           "Calls", "Send", "Sleep", "SyncDriven", "call", "in_batch", "noted", "partly_added", "retriable",
+           "run_async", "run_sync"]
 
 IDEMPOTENT = frozenset({"GET", "HEAD", "PUT", "DELETE", "OPTIONS"})
 RETRY_STATUS = frozenset({429, 502, 503, 504})  # refused or not reached: nothing was done; try again later
@@ -132,7 +136,7 @@ def _closed(http, step, exc: RuntimeError) -> APIConnectionError:
     """The typed error of a request on a closed client (any other RuntimeError is raised as it was)."""
     if not http.is_closed:
         raise exc
-    return APIConnectionError(f"{step.method} {step.path}: not sent, this client was closed (open a new one)")
+    return ClientClosedError(f"{step.method} {step.path}: not sent, this client was closed (open a new one)")
 
 
 def run_sync(http: httpx.Client, gen: Gen) -> Any:
@@ -191,7 +195,7 @@ async def run_async(http: httpx.AsyncClient, gen: Gen) -> Any:
 def _sync_method(fn: Callable[..., Gen]) -> Callable[..., Any]:
     @functools.wraps(fn)
     def method(self, *args, **kw):
-        return run_sync(self._http, fn(self, *args, **kw))
+        return run_sync(self._live(), fn(self, *args, **kw))
 
     return method
 
@@ -199,7 +203,7 @@ def _sync_method(fn: Callable[..., Gen]) -> Callable[..., Any]:
 def _async_method(fn: Callable[..., Gen]) -> Callable[..., Any]:
     @functools.wraps(fn)
     async def method(self, *args, **kw):
-        return await run_async(self._http, fn(self, *args, **kw))
+        return await run_async(self._live(), fn(self, *args, **kw))
 
     return method
 
@@ -230,12 +234,48 @@ class Calls:
         """An ``expected=`` version (None: no condition)."""
         return None if version is None else as_version(version, "expected")
 
-    def _setup(self, *, page_size: int, max_retries: int, max_retry_wait: float, batch_size: int | None) -> None:
+    _HTTP: Callable[..., Any]  # httpx.Client or httpx.AsyncClient: what _open makes
+
+    def _setup(self, base_url: str, api_key: str | None, *, timeout, page_size: int, max_retries: int,
+               max_retry_wait: float, batch_size: int | None, headers: dict | None, transport) -> None:
+        """Check the client's settings, keep them (:meth:`__reduce__`) and open its ``httpx`` client."""
         self.page_size = as_count(page_size, "page_size", 1)
         self.batch_size = None if batch_size is None else max(1, int(batch_size))
         self._limits: dict[str, int] | None = None  # LIMIT_KEYS of /v1/info once read ({}: this key may not)
         self.max_retries = as_count(max_retries, "max_retries", 0)
         self.max_retry_wait = as_seconds(max_retry_wait, "max_retry_wait", zero=True, inf=True)
+        self._opens = {"base_url": self._base(base_url), "headers": self._headers(api_key, headers),
+                       "timeout": self._timeout(timeout), "transport": transport}
+        self._given = {"api_key": api_key, "headers": dict(headers or {})}
+        self._inherited: Any = None
+        self._http = self._open()
+
+    def _open(self) -> Any:
+        """A new ``httpx`` client of this client's settings (no connection yet), for this process."""
+        self._pid = os.getpid()
+        return self._HTTP(**self._opens)
+
+    def _live(self) -> Any:
+        """The ``httpx`` client to send on. In a process forked after this client was made (a ``fork``
+        multiprocessing pool), the one inherited holds the parent's pooled connections: sharing one interleaved two
+        processes' requests on one socket (a 400 "not valid HTTP/1.1", or another's answer); the child opens its
+        own, and leaves the inherited one unclosed (its sockets are the parent's too), as redis-py does."""
+        if self._pid != os.getpid():
+            if self._http.is_closed:
+                self._pid = os.getpid()
+            else:
+                self._inherited, self._http = self._http, self._open()
+        return self._http
+
+    def __reduce__(self) -> tuple:
+        """Pickle (and ``copy``) as the client's settings, rebuilt with connections of its own: a client may go
+        to a ``spawn`` process pool, or into an object ``copy.deepcopy`` / ``sklearn.clone`` copies. The pickle
+        holds the API key (as the client does): keep it where the key may be. A closed client comes back open;
+        a ``transport=`` is pickled (copied) with it."""
+        kw = {**self._given, "base_url": self._opens["base_url"], "timeout": self._opens["timeout"],
+              "transport": self._opens["transport"], "page_size": self.page_size, "max_retries": self.max_retries,
+              "max_retry_wait": self.max_retry_wait, "batch_size": self.batch_size}
+        return _reopened, (type(self), kw)
 
     @staticmethod
     def _wait_times(poll, timeout) -> tuple[float, float | None]:
@@ -298,6 +338,8 @@ class Calls:
         while True:
             try:
                 r = yield Send(method, path, kw)
+            except ClientClosedError:  # closed stays closed: no retry can pass
+                raise
             except httpx.LocalProtocolError:  # h11's message quotes the header value (a key): never shown
                 raise InputError(f"{method} {path}: not sent, the request is not valid HTTP (a header value with a "
                                  "newline or control character? values are not shown)") from None
@@ -471,3 +513,60 @@ class Calls:
                 raise UnexpectedResponseError(200, "UnexpectedResponse", f"GET {path}: the page's `next` is the "
                                               "cursor that asked for it (a list that never ends)", None, {})
             q["cursor"] = body["next"]
+
+
+def _reopened(cls: type, kw: dict) -> Any:
+    """A client of class ``cls`` made from the settings ``kw`` (unpickling: :meth:`Calls.__reduce__`)."""
+    return cls(**kw)
+
+
+class SyncDriven(Calls):
+    """A client whose calls block (``httpx.Client``): :class:`service.client.Client`."""
+
+    _HTTP = httpx.Client
+
+    def close(self) -> None:
+        """Release the client's connections (in a forked child, its own: the parent's stay the parent's)."""
+        self._live().close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class AsyncDriven(Calls):
+    """A client whose calls are coroutines (``httpx.AsyncClient``): :class:`service.client.AsyncClient`. Its
+    connections belong to the event loop they were made in: once that loop has stopped (a second
+    ``asyncio.run``), the client opens new ones in the loop that calls it; while it still runs (another thread),
+    a call from another loop is :class:`EventLoopError`."""
+
+    _HTTP = httpx.AsyncClient
+    _loop: asyncio.AbstractEventLoop | None = None
+
+    def _live(self) -> Any:
+        loop, http = asyncio.get_running_loop(), super()._live()
+        if self._loop is not None and self._loop is not loop and not http.is_closed:
+            if self._loop.is_running() or self._opens["transport"] is not None:
+                raise EventLoopError(
+                    "this AsyncClient serves another event loop" + (
+                        " (still running)" if self._loop.is_running() else
+                        ", whose connections its transport= holds") + ": open the AsyncClient inside the running "
+                    "loop (e.g. `async with AsyncClient(...) as vb:` in the coroutine asyncio.run runs)")
+            self._inherited, http = http, self._open()  # the stopped loop's connections: not closable here
+            self._http = http
+        self._loop = loop
+        return http
+
+    async def close(self) -> None:
+        """Release the client's connections (``aclose`` too)."""
+        await self._live().aclose()
+
+    aclose = close
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()

@@ -18,7 +18,8 @@ from align.exceptions import Cancelled, VecbridgeError
 from .errors import HTTP_STATUS
 
 __all__ = [
-    "APIConnectionError", "APIError", "APITimeoutError", "AuthenticationError", "BadRequestError", "ConflictError",
+    "APIConnectionError", "APIError", "APITimeoutError", "AuthenticationError", "BadRequestError", "ClientClosedError",
+    "ConflictError", "EventLoopError",
     "JobCancelledError", "JobError", "JobFailedError", "JobTimeoutError", "NotFoundError", "PayloadTooLargeError",
     "PermissionDeniedError", "PreconditionFailedError", "QueueFullError", "ServerError", "ServiceUnavailableError",
     "UnexpectedResponseError", "UnsupportedMediaTypeError", "ValidationError", "error_from_response", "redirected",
@@ -161,6 +162,19 @@ class APITimeoutError(APIConnectionError):
     """No answer within the client's ``timeout`` (the server may still be working on the request)."""
 
     kind = "timeout"
+
+
+class ClientClosedError(APIConnectionError):
+    """A request on a client after its :meth:`~service.client.Client.close`: nothing sent, never retried (a closed
+    client stays closed: open a new one)."""
+
+
+class EventLoopError(VecbridgeError, RuntimeError):
+    """An :class:`~service.client.AsyncClient` called from an event loop other than the one it serves while that
+    one still runs (an AsyncClient serves one loop at a time: open one inside each running loop), or, with a
+    ``transport=`` of its own, after the loop it served was closed (that transport's connections belong to it)."""
+
+    kind = "invalid"
 
 
 _BY_STATUS: dict[int, type[APIError]] = {
