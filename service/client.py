@@ -231,7 +231,8 @@ class APICalls(SteerCalls, TagCalls, Calls):
         return Artifact(None if r.status_code == 304 else r.content, r.headers.get("etag"), v and int(v))
 
     @call
-    def transform(self, ref: str, X, *, output: str = "raw", binary: bool = True, with_versions: bool = False):
+    def transform(self, ref: str, X, *, output: str = "raw", binary: bool = True,
+                  with_versions: bool = False) -> Any:  # np.ndarray, or (Y, versions) with_versions
         """Map rows ``X`` (n, d_source) through ``ref``; returns float32 (n, d_target).
 
         ``binary=True`` sends raw float32 (``application/octet-stream``) and reads raw float32 back (shape from
@@ -549,7 +550,8 @@ class APICalls(SteerCalls, TagCalls, Calls):
 
     @call
     def embed(self, texts: Sequence[str], model: str, *, target_space: str | None = None,
-              map: str | Sequence[str] | None = None, input_type: str = "passage", with_versions: bool = False):
+              map: str | Sequence[str] | None = None, input_type: str = "passage",
+              with_versions: bool = False) -> Any:  # np.ndarray, or (E, versions) with_versions
         """Embed ``texts`` with an installed encoder: (n, d) float32, optionally translated into ``target_space``
         (one string: (1, d), as the service embeds it).
 

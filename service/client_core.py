@@ -27,8 +27,18 @@ import inspect
 import os
 import re
 import time
-from collections.abc import Callable, Generator, Sequence
-from typing import Any, NamedTuple, Self
+from collections.abc import Callable, Coroutine, Generator, Sequence
+from typing import (
+    Any,
+    Concatenate,
+    Generic,
+    NamedTuple,
+    ParamSpec,
+    Self,
+    TypeVar,
+    cast,
+    overload,
+)
 
 import httpx
 import numpy as np
@@ -56,7 +66,7 @@ from .client_wire import as_count, as_seconds, as_version, dumps, spans
 from .limits import whole_body_command
 
 __all__ = ["IDEMPOTENT", "LIMIT_KEYS", "LOOK_FIRST_BYTES", "LOOK_FIRST_HITS", "RETRY_STATUS", "AsyncDriven", "Await",
-           "Calls", "Send", "Sleep", "SyncDriven", "call", "in_batch", "noted", "partly_added", "retriable",
+           "Calls", "Driven", "Send", "Sleep", "SyncDriven", "call", "in_batch", "noted", "partly_added", "retriable",
            "run_async", "run_sync"]
 
 IDEMPOTENT = frozenset({"GET", "HEAD", "PUT", "DELETE", "OPTIONS"})
@@ -126,10 +136,39 @@ def partly_added(err: BaseException, added: list) -> None:
         noted(err, f"{len(added)} rows of the earlier batches were added, ids in .added_ids; the rest were not")
 
 
-def call(fn: Callable[..., Gen]) -> Callable[..., Gen]:
-    """Mark the generator method ``fn`` as a call of the API: driven clients expose it under its name."""
-    fn.__vecbridge_call__ = True
-    return fn
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+class Driven(Generic[P, R]):
+    """What a type checker sees of a :func:`call` ``def f(self, *args) -> R`` (its annotation is the call's result,
+    what a driver returns): on a :class:`Client <service.client.Client>`, a method returning ``R``; on an
+    :class:`AsyncClient <service.client.AsyncClient>`, a coroutine function returning ``R``; on the calls' class
+    itself, the generator. Never made at run time: :func:`call` returns the generator function, which
+    ``Calls.__init_subclass__`` replaces by its driven method."""
+
+    @overload
+    def __get__(self, obj: AsyncDriven, owner: Any) -> Callable[P, Coroutine[Any, Any, R]]: ...
+    @overload
+    def __get__(self, obj: SyncDriven, owner: Any) -> Callable[P, R]: ...
+    @overload
+    def __get__(self, obj: None, owner: type[AsyncDriven]) -> Callable[Concatenate[Any, P], Coroutine[Any, Any, R]]: ...
+    @overload
+    def __get__(self, obj: None, owner: type[SyncDriven]) -> Callable[Concatenate[Any, P], R]: ...
+    @overload
+    def __get__(self, obj: None, owner: Any) -> Callable[Concatenate[Any, P], Gen]: ...
+    @overload
+    def __get__(self, obj: object, owner: Any) -> Callable[P, Gen]: ...
+
+    def __get__(self, obj: Any, owner: Any) -> Any:
+        raise NotImplementedError  # never made (class docstring)
+
+
+def call(fn: Callable[Concatenate[Any, P], R]) -> Driven[P, R]:
+    """Mark the generator method ``fn`` as a call of the API: driven clients expose it under its name (its
+    return annotation says what they return: :class:`Driven`)."""
+    fn.__vecbridge_call__ = True  # type: ignore[attr-defined]
+    return cast(Any, fn)
 
 
 def _closed(http, step, exc: RuntimeError) -> APIConnectionError:
