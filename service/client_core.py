@@ -578,8 +578,9 @@ class SyncDriven(Calls):
 class AsyncDriven(Calls):
     """A client whose calls are coroutines (``httpx.AsyncClient``): :class:`service.client.AsyncClient`. Its
     connections belong to the event loop they were made in: once that loop has stopped (a second
-    ``asyncio.run``), the client opens new ones in the loop that calls it; while it still runs (another thread),
-    a call from another loop is :class:`EventLoopError`."""
+    ``asyncio.run``), the client opens new ones in the loop that calls it (with a ``transport=`` of the caller's,
+    it goes on with that transport); while it still runs (another thread), a call from another loop is
+    :class:`EventLoopError`."""
 
     _HTTP = httpx.AsyncClient
     _loop: asyncio.AbstractEventLoop | None = None
@@ -587,14 +588,13 @@ class AsyncDriven(Calls):
     def _live(self) -> Any:
         loop, http = asyncio.get_running_loop(), super()._live()
         if self._loop is not None and self._loop is not loop and not http.is_closed:
-            if self._loop.is_running() or self._opens["transport"] is not None:
-                raise EventLoopError(
-                    "this AsyncClient serves another event loop" + (
-                        " (still running)" if self._loop.is_running() else
-                        ", whose connections its transport= holds") + ": open the AsyncClient inside the running "
-                    "loop (e.g. `async with AsyncClient(...) as vb:` in the coroutine asyncio.run runs)")
-            self._inherited, http = http, self._open()  # the stopped loop's connections: not closable here
-            self._http = http
+            if self._loop.is_running():
+                raise EventLoopError("this AsyncClient serves another event loop, which still runs (another thread): "
+                                     "open one AsyncClient inside each running loop (e.g. `async with "
+                                     "AsyncClient(...) as vb:` in the coroutine the loop runs)")
+            if self._opens["transport"] is None:  # a transport= of the caller's is theirs to mind, as before
+                self._inherited, http = http, self._open()  # the stopped loop's connections: not closable here
+                self._http = http
         self._loop = loop
         return http
 

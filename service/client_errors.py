@@ -170,9 +170,9 @@ class ClientClosedError(APIConnectionError):
 
 
 class EventLoopError(VecbridgeError, RuntimeError):
-    """An :class:`~service.client.AsyncClient` called from an event loop other than the one it serves while that
-    one still runs (an AsyncClient serves one loop at a time: open one inside each running loop), or, with a
-    ``transport=`` of its own, after the loop it served was closed (that transport's connections belong to it)."""
+    """An :class:`~service.client.AsyncClient` called from an event loop while the loop it serves still runs
+    (another thread): its connections belong to that loop; open one AsyncClient inside each running loop. (Once
+    that loop has stopped, as after ``asyncio.run``, the client opens new connections in the calling loop.)"""
 
     kind = "invalid"
 

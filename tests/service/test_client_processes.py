@@ -8,13 +8,20 @@ import copy
 import functools
 import multiprocessing as mp
 import pickle
+import threading
 from concurrent.futures import ProcessPoolExecutor
 
 import numpy as np
 import pytest
 from _servers import seeded_uvicorn
 
-from service.client import APIConnectionError, AsyncClient, Client, ClientClosedError
+from service.client import (
+    APIConnectionError,
+    AsyncClient,
+    Client,
+    ClientClosedError,
+    EventLoopError,
+)
 
 WKEY = "wkey-456"  # test_api_support.KEYS
 INHERITED: dict = {}  # what a forked child finds of its parent: the parent's client
@@ -117,3 +124,29 @@ def test_an_async_client_serves_a_second_asyncio_run(server):
     first = asyncio.run(go())
     assert np.allclose(asyncio.run(go()), first, atol=1e-6)
     asyncio.run(a.close())
+
+
+def test_an_async_client_refuses_a_second_loop_while_its_own_still_runs(server):
+    """One AsyncClient used from two running loops (two threads) shared connections between them; the second
+    loop's call is a typed :class:`EventLoopError` saying to open one AsyncClient per loop, and the first loop's
+    calls go on."""
+    url, X = server
+    a = AsyncClient(url, api_key=WKEY)
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    try:
+        first = asyncio.run_coroutine_threadsafe(a.transform("a2b", X[:3]), loop).result(timeout=60)
+
+        async def elsewhere():
+            return await a.transform("a2b", X[:3])
+
+        with pytest.raises(EventLoopError, match="open one AsyncClient inside each running loop"):
+            asyncio.run(elsewhere())
+        again = asyncio.run_coroutine_threadsafe(a.transform("a2b", X[:3]), loop).result(timeout=60)
+        assert np.allclose(again, first, atol=1e-6)
+        asyncio.run_coroutine_threadsafe(a.close(), loop).result(timeout=60)
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(timeout=60)
+        loop.close()
