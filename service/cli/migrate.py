@@ -186,6 +186,11 @@ class _MigrationProgress:
 @click.option("--source-space", default=None,
               help="Space of --source's vectors when it records none (checked against the map's; else its first "
                    "rows are, as migrate checks them).")
+@click.option("--keep-ids", type=click.Path(dir_okay=False), default=None,
+              help="With --source: the ids the migration kept as re-embedded (migrate --keep-ids); those rows are "
+                   "checked against --keep-vectors, not map(source row).")
+@click.option("--keep-vectors", type=click.Path(dir_okay=False), default=None,
+              help="The new-model vectors of --keep-ids, in its order (migrate --keep-vectors).")
 @click.option("--n-sample", type=click.IntRange(2), default=2000, show_default=True,
               help="Rows sampled from the collection (re-embedded, or of the held-out pairs).")
 @click.option("--queries", "n_queries", type=click.IntRange(1), default=200, show_default=True,
@@ -197,12 +202,16 @@ class _MigrationProgress:
 @json_opt
 @click.pass_obj
 def verify(obj: Ctx, store, text_field, vector_field, id_field, collection, encoder, heldout_source, heldout_target,
-           heldout_rows, map_ref, source, source_space, n_sample, n_queries, k, random_state, min_recall, as_json):
+           heldout_rows, map_ref, source, source_space, keep_ids, keep_vectors, n_sample, n_queries, k, random_state,
+           min_recall, as_json):
     """Check a migrated collection: does searching it find what re-embedding would (--encoder, or a held-out
     sample), and (--source) does it hold every source row, mapped?
 
     Exit codes: 0 done (PASS), 1 FAIL (recall below --min-recall; with --source any missing, extra or wrong
     row), 2 bad input, 75 retry later (the database not answering, or lost mid-run).
+
+    A migration that kept its re-embedded rows (migrate --keep-ids/--keep-vectors): give verify the same two files,
+    and those rows are right when they hold their given vectors.
     """
     if (heldout_source is None) != (heldout_target is None):
         raise InputError("give both --heldout-source and --heldout-target")
@@ -216,9 +225,10 @@ def verify(obj: Ctx, store, text_field, vector_field, id_field, collection, enco
                      heldout=heldout, heldout_rows=heldout_rows, map_ref=map_ref,
                      registry=obj.registry if map_ref and needs_registry(map_ref) else None, n_sample=n_sample,
                      n_queries=n_queries, k=k, random_state=random_state, id_field=id_field,
-                     vector_field=vector_field, text_field=text_field, source=source, source_space=source_space)
+                     vector_field=vector_field, text_field=text_field, source=source, source_space=source_space,
+                     keep_ids=keep_ids, keep_vectors=keep_vectors)
     verdict, fails = verify_verdict(out, min_recall=min_recall, source=source)
-    out["verdict"] = verdict
+    out["verdict"], out["fails"] = verdict, fails  # as the HTTP job's result: why it failed
     space = str(out.get("space_check", ""))
     if space.startswith("unchecked"):  # as migrate warns: the rows were compared through a map nothing vouched for
         warn(f"space {space}")
@@ -233,6 +243,7 @@ def verify(obj: Ctx, store, text_field, vector_field, id_field, collection, enco
                         ("missing_rows", "missing_ids", "missing"), ("extra_rows", "extra_ids", "extra"),
                         ("wrong_vectors", "wrong_ids", "wrong vectors"),
                         ("wrong_fields", "wrong_fields_ids", "with another text or field")))
+                    + _kept_checked(out, source)
                     + f" (max relative error {out['max_rel_error']:.2g}); space {out['space_check']}")
     if verdict:
         text[-1] += f"; {verdict}{': ' + '; '.join(fails) if fails else ''}"
@@ -242,6 +253,15 @@ def verify(obj: Ctx, store, text_field, vector_field, id_field, collection, enco
     emit(out, as_json, "\n".join(text))
     if verdict == "FAIL":
         sys.exit(1)
+
+
+def _kept_checked(out: dict, source: str) -> str:
+    """``, N kept rows checked against their given vectors (W wrong; M of the keep ids not in SOURCE)``, or nothing
+    without a keep set."""
+    if "kept_checked" not in out:
+        return ""
+    return (f", {out['kept_checked']} kept rows checked against their given vectors ({out['kept_wrong']} wrong"
+            + (f"; {out['keep_not_found']} of the keep ids not in {source}" if out["keep_not_found"] else "") + ")")
 
 
 def _ids(ids: list, n: int) -> str:

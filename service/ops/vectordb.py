@@ -52,6 +52,7 @@ __all__ = [
     "needs_registry",
     "open_store_for",
     "progress_record",
+    "read_keep",
     "run_migration",
     "run_verify",
     "search_collection",
@@ -142,15 +143,7 @@ def run_migration(*, store_url: str, source: str, target: str, map_ref, checkpoi
     """
     if pause < 0:
         raise InputError(f"pause must be >= 0, got {pause}")
-    if (keep_ids is None) != (keep_vectors is None):
-        raise InputError("keeping re-embedded rows needs both their ids (--keep-ids) and their new-model vectors "
-                         "(--keep-vectors)")
-    if isinstance(keep_ids, (str, Path)):  # files (the CLI's): arrays (the HTTP body's) are taken as they are
-        keep_ids = read_keep_ids(keep_ids)
-    if isinstance(keep_vectors, (str, Path)):
-        from ..io import read_vectors
-
-        keep_vectors = read_vectors(keep_vectors, encoder_option=None)
+    keep_ids, keep_vectors = read_keep(keep_ids, keep_vectors, "keeping re-embedded rows")
     ckpt = FileCheckpoint(checkpoint)
     store = open_store_for(store_url, index=index or "like", id_field=id_field, vector_field=vector_field,
                            text_field=text_field, api_key=api_key, ca_file=ca_file)
@@ -174,6 +167,21 @@ def run_migration(*, store_url: str, source: str, target: str, map_ref, checkpoi
         raise
     finally:
         store.close()
+
+
+def read_keep(keep_ids, keep_vectors, what: str) -> tuple:
+    """``(ids, vectors)`` of a keep set given as files (the CLI's: :func:`service.vectordb.keep.read_keep_ids` and a
+    vector file) or arrays (the HTTP body's, taken as they are); ``(None, None)`` for none. InputError naming
+    ``what`` needs them when only one is given."""
+    if (keep_ids is None) != (keep_vectors is None):
+        raise InputError(f"{what} needs both their ids (--keep-ids) and their new-model vectors (--keep-vectors)")
+    if isinstance(keep_ids, (str, Path)):
+        keep_ids = read_keep_ids(keep_ids)
+    if isinstance(keep_vectors, (str, Path)):
+        from ..io import read_vectors
+
+        keep_vectors = read_vectors(keep_vectors, encoder_option=None)
+    return keep_ids, keep_vectors
 
 
 def stopped_by(exc: MigrationInterrupted) -> tuple[str, int]:
@@ -225,13 +233,16 @@ def run_verify(*, store_url: str, collection: str, encoder: str | None = None, h
                n_queries: int = 200, k: int = 10,
                random_state: int = 0, id_field: str | None = None, vector_field: str | None = None,
                text_field: str | None = None, source: str | None = None, api_key: str | None = None,
-               ca_file=None, source_space: str | None = None, space_option: str = "--source-space") -> dict:
+               ca_file=None, source_space: str | None = None, space_option: str = "--source-space", keep_ids=None,
+               keep_vectors=None) -> dict:
     """Verify a migrated collection: re-embed its stored texts with ``encoder``, or compare a held-out
     paired sample ``heldout = (old-model vectors path, new-model vectors path)`` (rows ``heldout_rows``,
     ``"START:STOP"``) through ``map_ref``; with ``source`` (and ``map_ref``) also check every row of the
     collection against ``map_ref(source row)`` (:func:`service.vectordb.check_rows`: missing, extra, wrong),
     once ``source``'s space is the map's (recorded, ``source_space``, or its rows: as a migration checks it;
-    ``space_option``: how the face declares ``source_space``, for the messages)."""
+    ``space_option``: how the face declares ``source_space``, for the messages). ``keep_ids`` / ``keep_vectors``
+    (with ``source``; files or arrays, as :func:`run_migration` takes them): the rows that migration kept as
+    re-embedded, checked against their given vectors instead of the map's."""
     from ..vectordb import check_rows, verify_migration
 
     if encoder is not None and heldout is not None:
@@ -244,6 +255,10 @@ def run_verify(*, store_url: str, collection: str, encoder: str | None = None, h
     if source_space is not None and source is None:
         raise InputError(f"{space_option} declares the space of the source collection's rows: give it with the "
                          "source (and its map)")
+    if (keep_ids is not None or keep_vectors is not None) and source is None:
+        raise InputError("--keep-ids/--keep-vectors name the rows a migration kept as re-embedded: give them with "
+                         "--source and --map (the rows check)")
+    keep_ids, keep_vectors = read_keep(keep_ids, keep_vectors, "checking kept re-embedded rows")
     embed = X_Y = None
     if encoder is not None:
         from ..encoders import canonical_name, get_encoder
@@ -270,7 +285,8 @@ def run_verify(*, store_url: str, collection: str, encoder: str | None = None, h
             if source is not None:
                 out["source"] = source
                 out.update(check_rows(store, source, collection, map_ref, registry=registry,
-                                      source_space=source_space, space_option=space_option))
+                                      source_space=source_space, space_option=space_option, keep_ids=keep_ids,
+                                      keep_vectors=keep_vectors))
     finally:
         store.close()
     out["collection"] = collection
@@ -285,9 +301,14 @@ def verify_verdict(out: dict, *, min_recall: float | None, source: str | None) -
         fails.append(f"recall@{out['k']} below {min_recall}")
     if source is not None and not out["rows_ok"]:
         fails.append("rows differ from the source's")
-        if out.get("wrong_vectors") and out["wrong_vectors"] == out.get("rows_target"):  # every one: another map?
+        wrong = out.get("wrong_vectors") or 0
+        if wrong and wrong == out.get("rows_target"):  # every one: another map?
             fails.append("every vector differs from map(source row): was the collection migrated with another "
                          "version of the map (its checkpoint records it as NAME:N)?")
+        elif wrong and "kept_checked" not in out:  # a migration that kept its re-embedded rows wrote their own
+            fails.append(f"{wrong} wrong vector(s) may be re-embedded rows the migration kept (migrate --keep-ids): "
+                         "give verify the same --keep-ids/--keep-vectors (`keep` over HTTP) to check them against "
+                         "their given vectors")
     return (None if min_recall is None and source is None else ("FAIL" if fails else "PASS")), fails
 
 

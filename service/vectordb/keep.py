@@ -63,22 +63,29 @@ class KeepSet:
     def __len__(self) -> int:
         return int(self.keys.size)
 
+    def find(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(rows, at)``: the positions in ``ids`` of the rows whose id is in the set, and where in the set each of
+        those ids is (both empty when none is)."""
+        none = np.empty(0, np.intp)
+        if not self.keys.size or not len(ids):
+            return none, none
+        if ids.dtype.kind == "U" or ids.dtype == object:
+            if self.keys.dtype.kind != "U":
+                return none, none
+            ids = np.array([_canon(str(i)) for i in ids])
+        elif self.keys.dtype.kind == "U":
+            return none, none
+        at = np.minimum(np.searchsorted(self.keys, ids), self.keys.size - 1)
+        hit = self.keys[at] == ids
+        return np.flatnonzero(hit), at[hit]
+
     def apply(self, ids: np.ndarray, Y: np.ndarray) -> tuple[np.ndarray, int]:
         """``(Y, n)``: the mapped batch ``Y`` of rows ``ids`` with the set's vector in every row whose id is in the
         set (:func:`align.keep_native_rows`, in place), and how many those were."""
-        if not self.keys.size or not len(ids):
+        rows, at = self.find(ids)
+        if not rows.size:
             return Y, 0
-        if ids.dtype.kind == "U" or ids.dtype == object:
-            if self.keys.dtype.kind != "U":
-                return Y, 0
-            ids = np.array([_canon(str(i)) for i in ids])
-        elif self.keys.dtype.kind == "U":
-            return Y, 0
-        at = np.minimum(np.searchsorted(self.keys, ids), self.keys.size - 1)
-        hit = self.keys[at] == ids
-        if not hit.any():
-            return Y, 0
-        return keep_native_rows(Y, np.flatnonzero(hit), self.vectors[at[hit]], copy=False), int(hit.sum())
+        return keep_native_rows(Y, rows, self.vectors[at], copy=False), int(rows.size)
 
 
 def read_keep_ids(path) -> np.ndarray:

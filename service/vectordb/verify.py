@@ -26,6 +26,9 @@ for every row both hold, the stored vector ``t`` against ``y = map(x)`` of its s
 ``wrong_vectors`` counts rows with ``‖t − y‖ / ‖y‖ > tol`` (default 1e-3; float32 storage keeps ~1e-7), and
 ``wrong_fields`` rows whose text or any field differs from the source row's (a migration copies them as they are).
 It reads both collections once (one source batch and its target rows at a time, plus both id lists).
+A migration that kept its re-embedded rows (``keep_ids`` / ``keep_vectors``, :mod:`.keep`) wrote their given
+vectors: given the same set, :func:`check_rows` expects those (``KeepSet.apply`` on the mapped batch, as the
+migration wrote it) and counts them (``kept_checked``, ``kept_wrong`` among ``wrong_vectors``, ``keep_not_found``).
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ from align.knn import knn
 from align.metrics import ranks, retention
 
 from .base import SpaceMismatchError, VectorStore
+from .keep import keep_set
 from .migrate import check_spaces, map_spaces, resolve_map
 
 __all__ = ["verify_migration", "compare_to_reference", "check_rows"]
@@ -49,7 +53,8 @@ _SHOW = 10  # ids named per kind of fault
 
 
 def check_rows(store: VectorStore, source: str, target: str, map_, *, registry=None, batch_size: int = 2000,
-               tol: float = 1e-3, source_space: str | None = None, space_option: str = "--source-space") -> dict:
+               tol: float = 1e-3, source_space: str | None = None, space_option: str = "--source-space",
+               keep_ids=None, keep_vectors=None) -> dict:
     """Is ``target`` exactly ``map(source)``, row for row? See the module docs (``missing_rows``, ``extra_rows``,
     ``wrong_vectors`` with up to 10 ids each, ``max_rel_error``, ``rows_source``, ``rows_target``, ``space_check``).
 
@@ -58,7 +63,13 @@ def check_rows(store: VectorStore, source: str, target: str, map_, *, registry=N
     :func:`~service.vectordb.migrate` refuses a map the wrong way round). A ``source`` that records no space (and no
     ``source_space``, the caller's word, declared by ``space_option``) has its first rows checked against the map's
     frames as a migration checks them (:func:`~service.vectordb.migrate.check_rows_space`): rows that look like the
-    map's target side are refused; ``space_check`` says how the check went."""
+    map's target side are refused; ``space_check`` says how the check went.
+
+    ``keep_ids`` / ``keep_vectors`` (both or neither): the rows the migration kept as re-embedded and their
+    vectors, checked as :func:`~service.vectordb.migrate` checks them; such a row is right when it holds its given
+    vector (same ``tol``), every other row when it holds ``map(source row)``. Adds ``kept_checked`` (kept rows both
+    collections hold), ``kept_wrong`` (of them, the wrong ones: counted in ``wrong_vectors`` too) and
+    ``keep_not_found`` (ids of the set no source row has)."""
     map_src, map_tgt = map_spaces(map_, registry)
     m = resolve_map(map_, registry)
     d_t = store.dim(target)  # a missing target is named first: it is the collection checked
@@ -69,11 +80,20 @@ def check_rows(store: VectorStore, source: str, target: str, map_, *, registry=N
     space_check = check_spaces(store, source, source_space, map_src or (m.metadata or {}).get("source_space"), m,
                                space_option)
     _check_target(store, target, m, map_tgt, d_t)
+    if (keep_ids is None) != (keep_vectors is None):
+        raise InputError("checking kept re-embedded rows needs both their ids (--keep-ids) and their new-model "
+                         "vectors (--keep-vectors)")
+    keep = None if keep_ids is None else keep_set(store, source, keep_ids, keep_vectors, m.target_dim)
+    n_keep_found = n_kept = n_kept_wrong = 0
     ids_t = np.sort(store.ids(target))  # sorted here: engines page in their own order (UUIDs)
     seen, missing, wrong, worst, n_missing, n_wrong = [], [], [], 0.0, 0, 0
     fields_wrong, n_fields_wrong = [], 0
     for b in store.scan(source, batch_size=batch_size, with_fields=True):
         seen.append(b.ids)
+        kept = np.zeros(len(b), bool)
+        if keep is not None:
+            kept[keep.find(b.ids)[0]] = True
+            n_keep_found += int(kept.sum())
         if ids_t.shape[0] and ids_t.dtype.kind == b.ids.dtype.kind:
             have = ids_t[np.minimum(np.searchsorted(ids_t, b.ids), ids_t.shape[0] - 1)] == b.ids
         else:  # an empty target, or ids of another kind (int vs UUID): none of these rows is there
@@ -83,6 +103,8 @@ def check_rows(store: VectorStore, source: str, target: str, map_, *, registry=N
         if not have.any():
             continue
         Y = m.apply(b.vectors[have], output="raw")
+        if keep is not None:  # the kept rows' given vectors, as the migration wrote them
+            Y, _ = keep.apply(b.ids[have], Y)
         t = store.fetch(target, b.ids[have], with_fields=True)
         T = t.vectors
         differ = _fields_differ(b, np.flatnonzero(have), t)  # texts and fields were never compared: PASS
@@ -92,11 +114,15 @@ def check_rows(store: VectorStore, source: str, target: str, map_, *, registry=N
         worst = max(worst, float(err.max()))
         bad = err > tol
         n_wrong += int(bad.sum())
+        n_kept += int(kept[have].sum())
+        n_kept_wrong += int((bad & kept[have]).sum())
         wrong += b.ids[have][bad][: _SHOW - len(wrong)].tolist()
     ids_s = np.concatenate(seen) if seen else np.empty(0, ids_t.dtype)
     extra = np.setdiff1d(ids_t, ids_s, assume_unique=True) if ids_t.dtype.kind == ids_s.dtype.kind or not ids_s.size \
         else ids_t
-    return {"rows_source": int(ids_s.shape[0]), "rows_target": int(ids_t.shape[0]), "missing_rows": n_missing,
+    out = {} if keep is None else {"kept_checked": n_kept, "kept_wrong": n_kept_wrong,
+                                   "keep_not_found": len(keep) - n_keep_found}
+    return {**out, "rows_source": int(ids_s.shape[0]), "rows_target": int(ids_t.shape[0]), "missing_rows": n_missing,
             "missing_ids": missing, "extra_rows": int(extra.shape[0]), "extra_ids": extra[:_SHOW].tolist(),
             "wrong_vectors": n_wrong, "wrong_ids": wrong, "max_rel_error": worst,
             "wrong_fields": n_fields_wrong, "wrong_fields_ids": fields_wrong, "space_check": space_check,

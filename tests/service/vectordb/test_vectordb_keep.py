@@ -214,3 +214,99 @@ def test_python_m_service_vectordb_takes_the_same_keep_files(capsys, world):
                  str(w["dir"] / "m.npz"), "--checkpoint", str(w["dir"] / "po.json"), "--keep-ids", str(w["ids_file"])])
     assert code == 2 and "needs both their ids" in capsys.readouterr().err
     assert not _exists(w, "k_other")
+
+
+# --- verify --source after a migration that kept its rows: --keep-ids / --keep-vectors ---------------------------
+def _verify(capsys, w, target, *args):
+    return run_cli(capsys, "--data-dir", w["dir"] / "var", "verify", "--store", w["url"], "--collection", target,
+                   "--source", "k_src", "--map", w["dir"] / "m.npz", *args)
+
+
+def test_verify_passes_a_kept_migration_given_its_keep_files_and_fails_it_without_them_saying_why(capsys, world):
+    """verify --source compared every row with map(source row), so the K rows a migration kept were K wrong vectors:
+    FAIL (exit 1) on the documented workflow. With the same keep files they are checked against their given
+    vectors; without them the FAIL says what those rows may be."""
+    w = world
+    code, _, err = _migrate(capsys, w, "k_kept", "--keep-ids", w["ids_file"], "--keep-vectors", w["vectors"])
+    assert code == 0, err
+    code, out, err = _verify(capsys, w, "k_kept", "--keep-ids", w["ids_file"], "--keep-vectors", w["vectors"],
+                             "--json")
+    assert code == 0, err
+    rep = json.loads(out)
+    assert rep["verdict"] == "PASS" and rep["rows_ok"] and rep["wrong_vectors"] == 0, rep
+    assert rep["kept_checked"] == len(KEEP) and rep["kept_wrong"] == 0 and rep["keep_not_found"] == 1
+    assert rep["max_rel_error"] < 1e-5
+    code, out, err = _verify(capsys, w, "k_kept", "--keep-ids", w["ids_file"], "--keep-vectors", w["vectors"])
+    assert code == 0, err
+    assert (f"{len(KEEP)} kept rows checked against their given vectors (0 wrong; 1 of the keep ids not in k_src)"
+            in out and out.rstrip().endswith("PASS")), out
+    code, out, err = _verify(capsys, w, "k_kept", "--json")  # without the keep files: those rows are not map(x)
+    assert code == 1, err
+    rep = json.loads(out)
+    assert rep["verdict"] == "FAIL" and rep["wrong_vectors"] == len(KEEP) and "kept_checked" not in rep
+    assert sorted(rep["wrong_ids"], key=str) == sorted((w["ids"][i] for i in KEEP), key=str)
+    assert any(f"{len(KEEP)} wrong vector(s) may be re-embedded rows the migration kept (migrate --keep-ids)" in f
+               and "--keep-ids/--keep-vectors" in f for f in rep["fails"]), rep["fails"]
+
+
+def test_verify_with_keep_files_fails_a_kept_row_that_holds_another_vector(capsys, world):
+    """A kept row is right only when it holds its given vector: one altered after the migration is a wrong vector
+    (and a kept one), and a target migrated without the keep set fails every kept row."""
+    w = world
+    code, _, err = _migrate(capsys, w, "k_kept", "--keep-ids", w["ids_file"], "--keep-vectors", w["vectors"])
+    assert code == 0, err
+    victim = w["ids"][KEEP[2]]
+    s = open_store(w["url"])
+    try:
+        row = s.fetch("k_kept", [victim], with_fields=True)
+        v = row.vectors.copy()
+        v[0, :3] += 0.05  # a small change: relative error ~0.05, far past the 1e-3 tolerance
+        s.upsert("k_kept", row.ids, v, row.texts, row.fields)
+    finally:
+        s.close()
+    keep = ["--keep-ids", w["ids_file"], "--keep-vectors", w["vectors"]]
+    code, out, err = _verify(capsys, w, "k_kept", *keep, "--json")
+    assert code == 1, err
+    rep = json.loads(out)
+    assert rep["verdict"] == "FAIL" and rep["wrong_vectors"] == 1 and rep["kept_wrong"] == 1, rep
+    assert rep["wrong_ids"] == [victim] and rep["kept_checked"] == len(KEEP)
+    assert not any("may be re-embedded rows" in f for f in rep["fails"]), rep["fails"]
+    code, _, err = _migrate(capsys, w, "k_plain")  # every row mapped: the kept rows do not hold their vectors
+    assert code == 0, err
+    code, out, err = _verify(capsys, w, "k_plain", *keep, "--json")
+    assert code == 1, err
+    rep = json.loads(out)
+    assert rep["wrong_vectors"] == len(KEEP) and rep["kept_wrong"] == len(KEEP), rep
+
+
+@pytest.mark.parametrize("case, match", [
+    ("ids only", "needs both their ids"),
+    ("count", "hold 7 rows but the keep ids list 8"),
+    ("width", "24-d rows; the map's target .* is 16-d"),
+    ("no source", "give them with --source and --map"),
+    ("ids of another kind", "keys its rows by integers"),
+])
+def test_verify_refuses_bad_keep_input_with_exit_2_and_a_message(capsys, world, case, match):
+    w = world
+    if case == "ids of another kind" and w["engine"] == "qdrant":
+        pytest.skip("string ids: any string may name a row of a UUID-keyed collection (none found is no error)")
+    code, _, err = _migrate(capsys, w, "k_kept", "--keep-ids", w["ids_file"], "--keep-vectors", w["vectors"])
+    assert code == 0, err
+    d, ids_file, vectors = w["dir"], w["ids_file"], w["vectors"]
+    if case == "count":
+        np.save(d / "bad.npy", w["Y"][:-1])
+        vectors = d / "bad.npy"
+    elif case == "width":
+        np.save(d / "bad.npy", np.ones((len(w["Y"]), 24), np.float32))
+        vectors = d / "bad.npy"
+    elif case == "ids of another kind":  # pgvector's table keys rows by integers
+        ids_file = d / "other.json"
+        ids_file.write_text(json.dumps([f"row-{i}" for i in range(len(w["Y"]))]))
+    args = ["--keep-ids", ids_file] if case == "ids only" else ["--keep-ids", ids_file, "--keep-vectors", vectors]
+    if case == "no source":
+        code, _, err = run_cli(capsys, "--data-dir", d / "var", "verify", "--store", w["url"], "--collection",
+                               "k_kept", "--encoder", "minilm", *args)
+    else:
+        code, _, err = _verify(capsys, w, "k_kept", *args)
+    assert code == 2 and err.startswith("vecbridge: error:"), err
+    assert re.search(match, err), err
