@@ -343,7 +343,8 @@ def ivf_training(n_rows: int, params: dict) -> tuple[int, int]:
 #: and the Python client's own refusal both name the command.
 WHOLE_BODY = {"/v1/fits": "vecbridge fit", "/v1/plans": "vecbridge plan", "/v1/maps/{ref}/evaluate": "vecbridge eval",
               "/v1/steers": "vecbridge steer fit", "/v1/lm/steers": "vecbridge lm steer-fit",
-              "/v1/migrations": "vecbridge migrate --keep-ids --keep-vectors"}
+              "/v1/migrations": "vecbridge migrate --keep-ids --keep-vectors",
+              "/v1/verifications": "vecbridge verify --keep-ids --keep-vectors"}
 
 
 def whole_body_command(path: str | None) -> str | None:

@@ -102,7 +102,7 @@ BODY_CLASS: dict[tuple[str, str], str] = {
     **{("POST", path): "json" for path in (
         "/v1/indexes", "/v1/indexes/{name}/vectors", "/v1/indexes/{name}/search", "/v1/collections/{name}/search",
         "/v1/fits", "/v1/steers", "/v1/steers/{ref}/apply", "/v1/lm/steers", "/v1/plans", "/v1/maps/{ref}/evaluate",
-        "/v1/migrations")},  # a migration's keep set: the re-embedded rows' vectors
+        "/v1/migrations", "/v1/verifications")},  # their keep set: the re-embedded rows' vectors
     **{("POST", path): "texts" for path in (
         "/v1/indexes/{name}/delete", "/v1/embeddings", "/v1/lm/generate", "/v1/lm/analyze")},
 }

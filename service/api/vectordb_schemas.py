@@ -63,6 +63,10 @@ class VerificationRequest(_Strict):
     k: Count = Field(10, ge=1, le=1000)
     random_state: Count = Seed
     min_recall: Real | None = Field(None, ge=0, le=1, description="PASS/FAIL gate on recall@k (with `encoder`).")
+    keep: KeepRows | None = Field(
+        None, description="With `source`: the rows the migration kept as re-embedded (its `keep`, `vecbridge migrate "
+                          "--keep-ids --keep-vectors`), checked against these vectors instead of map(source row). "
+                          "The result counts `kept_checked`, `kept_wrong` and `keep_not_found`.")
     id_field: str | None = None
     vector_field: str | None = None
     text_field: str | None = None

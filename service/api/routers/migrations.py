@@ -65,10 +65,8 @@ def create_migration(body: bytes, request, state, settings):
     ref = f"{v.name}:{v.version}"
     checkpoint = default_checkpoint(settings.data_dir, opts.source, opts.target)
     keep_ids = keep_vectors = None
-    if opts.keep is not None:  # its count, width and NaN checked now; its ids against the source in the job
-        dim = state.registry.load_map(ref).target_dim
-        keep_ids, keep_vectors = check_keep(opts.keep.ids, vectors_from_json(
-            obj["keep"], dim=None, max_batch=settings.max_batch, name="vectors", finite=False), dim)
+    if opts.keep is not None:
+        keep_ids, keep_vectors = _keep(obj, opts, state.registry.load_map(ref).target_dim, settings)
 
     def job(ctx):
         ctx.progress("connect", 0.0)
@@ -90,6 +88,13 @@ def create_migration(body: bytes, request, state, settings):
     return job, f"{what} {opts.source} -> {opts.target} through {ref}"
 
 
+def _keep(obj: dict, opts, dim: int, settings) -> tuple:
+    """The body's ``keep`` set, its count, width (``dim``: the map's target) and NaN checked now (422 before a job
+    exists); its ids against the source in the job."""
+    return check_keep(opts.keep.ids, vectors_from_json(obj["keep"], dim=None, max_batch=settings.max_batch,
+                                                       name="vectors", finite=False), dim)
+
+
 list_route(router, "/migrations", name="list_migrations", response_model=MigrationList,
            summary="Migrations recorded in this data dir (their checkpoints: CLI and HTTP runs)",
            load=lambda state: list_checkpoints(state.settings.data_dir))
@@ -102,13 +107,16 @@ the engine's own search (`min_recall` gates recall@k); `source` + `map`: check e
 `source_space`, or its first rows checked as a migration checks them (`space_check` in the result; a map the wrong
 way round fails the job). Both may be given. The result carries the figures and
 `verdict`: PASS / FAIL (null when nothing was gated). Held-out vector files are the CLI's (`--heldout-source`).
+`keep` (with `source`: the migration's own `keep`, ids + vectors) checks the rows it kept as re-embedded against
+their given vectors (`kept_checked`, `kept_wrong`); a bad set is a 422 before a job exists, as for a migration.
 """
 
 
 @job_route(router, "/verifications", kind="verify", summary="Queue a check of a migrated collection",
            description=VERIFY_DOC, body_model=VerificationRequest, example="create_verification")
 def create_verification(body: bytes, request, state, settings):
-    opts = validate(VerificationRequest, parse_json(body))
+    obj = parse_json(body)
+    opts = validate(VerificationRequest, obj)
     url = configured_url(settings)
     check_name(opts.collection)
     if opts.encoder is None and opts.source is None:
@@ -125,6 +133,11 @@ def create_verification(body: bytes, request, state, settings):
         check_name(opts.source)
         v = state.registry.resolve(opts.map)
         ref = f"{v.name}:{v.version}"
+    keep_ids = keep_vectors = None
+    if opts.keep is not None:
+        if ref is None:
+            raise InputError("keep names the rows a migration kept as re-embedded: give it with source and map")
+        keep_ids, keep_vectors = _keep(obj, opts, state.registry.load_map(ref).target_dim, settings)
 
     def job(ctx):
         ctx.progress("verify", 0.0)
@@ -133,7 +146,8 @@ def create_verification(body: bytes, request, state, settings):
                          k=opts.k, random_state=opts.random_state, id_field=opts.id_field,
                          vector_field=opts.vector_field, text_field=opts.text_field, source=opts.source,
                          source_space=opts.source_space, space_option="source_space",
-                         api_key=settings.vectordb_api_key, ca_file=settings.vectordb_ca_file)
+                         api_key=settings.vectordb_api_key, ca_file=settings.vectordb_ca_file, keep_ids=keep_ids,
+                         keep_vectors=keep_vectors)
         out["verdict"], out["fails"] = verify_verdict(out, min_recall=opts.min_recall, source=opts.source)
         return out
 

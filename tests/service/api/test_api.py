@@ -245,7 +245,6 @@ def test_metadata_routes_get_the_small_body_limit(tmp_path):
     big = b'{"description": "' + b"a" * 100_000 + b'"}'
     with served_world(tmp_path, limits={"body_bytes_json": 1_000_000}) as (c, _, _):  # under max_body_bytes (2 MB)
         for method, path in (("PUT", "/v1/steers/s/aliases/prod"), ("POST", "/v1/steers/s/transfer"),
-                             ("POST", "/v1/verifications"),
                              ("PUT", "/v1/maps/a2b/aliases/x")):
             r = c.request(method, path, content=big, headers={**W, "content-type": "application/json"})
             assert r.status_code == 413, (path, r.text[:200])
@@ -263,6 +262,8 @@ def test_metadata_routes_get_the_small_body_limit(tmp_path):
     assert "(`limits.body_bytes_small`)" in ops["/v1/steers/{name}/aliases/{alias}"]["put"]["description"]
     # a migration's body may carry its keep set (the re-embedded rows' vectors): a bulk JSON body
     assert ops["/v1/migrations"]["post"]["description"].endswith(
+        "Body limit: 1000000 bytes (`limits.body_bytes_json`).")
+    assert ops["/v1/verifications"]["post"]["description"].endswith(  # the same keep set, to check those rows
         "Body limit: 1000000 bytes (`limits.body_bytes_json`).")
 
 

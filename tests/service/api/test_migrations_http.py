@@ -33,7 +33,8 @@ def world(milvus_url, tmp_path_factory):  # noqa: F811
     url = _store_url(milvus_url)
     with seeded_uvicorn(tmp, {"VECBRIDGE_VECTORDB_URL": url}) as (base, (X, _, m)):
         with open_store(url) as s:
-            for name in ("h_src", "h_dst", "h_dry", "h_cut", "h_taken", "h_ver", "h_cli", "h_list", "h_keep", "h_bad"):
+            for name in ("h_src", "h_dst", "h_dry", "h_cut", "h_taken", "h_ver", "h_cli", "h_list", "h_keep", "h_bad",
+                         "h_kver"):
                 s.drop(name)
             s.create("h_src", X.shape[1])
             s.set_space("h_src", "a")
@@ -202,6 +203,34 @@ def test_a_verification_job_checks_every_row_and_names_the_wrong_ones(world):
     assert out["verdict"] == "FAIL" and out["wrong_ids"] == [6] and out["fails"][0] == "rows differ from the source's"
     assert out["fails"][1].startswith("1 wrong vector(s) may be re-embedded rows the migration kept"), out["fails"]
     assert out["space_check"] == "checked: a", out
+
+
+def test_a_verification_job_checks_the_kept_rows_against_the_migrations_keep_set(world):
+    """``keep`` in the verification body: the rows a migration kept are checked against their given vectors (the job
+    said FAIL, 4 wrong vectors, for a migration that did what it was asked); without it the FAIL says what those rows
+    may be; a bad set is a 422 before a job exists."""
+    rows = np.array([4, 0, 150, 299])
+    Y = np.random.default_rng(8).normal(size=(4, world["map"].target_dim)).astype(np.float32)
+    Y /= np.linalg.norm(Y, axis=1, keepdims=True)
+    keep = {"ids": [int(i) * 3 for i in rows], "vectors": Y.tolist()}
+    job = wait_http_job(world["client"], _post(world, source="h_src", target="h_kver", map="a2b", batch_size=64,
+                                               keep=keep).json()["id"])
+    assert job["state"] == "succeeded" and job["result"]["report"]["kept"] == 4, job
+    out = _verify(world, collection="h_kver", source="h_src", map="a2b", keep=keep)["result"]
+    assert out["verdict"] == "PASS" and out["rows_ok"] and out["wrong_vectors"] == 0, out
+    assert out["kept_checked"] == 4 and out["kept_wrong"] == 0 and out["keep_not_found"] == 0
+    out = _verify(world, collection="h_kver", source="h_src", map="a2b")["result"]
+    assert out["verdict"] == "FAIL" and out["wrong_vectors"] == 4 and sorted(out["wrong_ids"]) == [0, 12, 450, 897]
+    assert any("may be re-embedded rows the migration kept" in f and "`keep` over HTTP" in f for f in out["fails"])
+    other = {"ids": keep["ids"], "vectors": Y[::-1].tolist()}  # the same ids, each with another row's vector
+    out = _verify(world, collection="h_kver", source="h_src", map="a2b", keep=other)["result"]
+    assert out["verdict"] == "FAIL" and out["kept_wrong"] == 4 and out["wrong_vectors"] == 4, out
+    for body, word in [({"keep": {"ids": [0, 3], "vectors": [Y[0].tolist()]}}, "keep ids list 2"),
+                       ({"keep": {"ids": [0], "vectors": [[0.1] * (Y.shape[1] + 1)]}}, f"is {Y.shape[1]}-d"),
+                       ({"keep": {"ids": [3, 3], "vectors": Y[:2].tolist()}}, "more than once")]:
+        r = world["client"].post("/v1/verifications", json={"collection": "h_kver", "source": "h_src",
+                                                             "map": "a2b", **body})
+        assert r.status_code == 422 and word in r.json()["error"]["message"], (body, r.text)
 
 
 def test_a_verification_job_checks_the_source_space_as_a_migration_does(world):
