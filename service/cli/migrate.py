@@ -14,8 +14,8 @@ from tqdm import tqdm
 
 from align.exceptions import InputError
 
-from ..ops.vectordb import (checkpoint_status, default_checkpoint, needs_registry, progress_record,
-                              run_migration, run_verify, stopped_by, verify_verdict)
+from ..ops.vectordb import (checkpoint_status, default_checkpoint, kept_by_migration, needs_registry,
+                              progress_record, run_migration, run_verify, stopped_by, verify_verdict)
 from ..vectordb import MigrationInterrupted
 from ..vectordb.lost import quiet_client_logs
 from . import check_stop
@@ -227,7 +227,8 @@ def verify(obj: Ctx, store, text_field, vector_field, id_field, collection, enco
                      n_queries=n_queries, k=k, random_state=random_state, id_field=id_field,
                      vector_field=vector_field, text_field=text_field, source=source, source_space=source_space,
                      keep_ids=keep_ids, keep_vectors=keep_vectors)
-    verdict, fails = verify_verdict(out, min_recall=min_recall, source=source)
+    verdict, fails = verify_verdict(out, min_recall=min_recall, source=source, kept_rows=None if source is None else
+                                    kept_by_migration(obj.settings.data_dir, source, collection))
     out["verdict"], out["fails"] = verdict, fails  # as the HTTP job's result: why it failed
     space = str(out.get("space_check", ""))
     if space.startswith("unchecked"):  # as migrate warns: the rows were compared through a map nothing vouched for

@@ -48,6 +48,7 @@ __all__ = [
     "checkpoint_status",
     "configured_url",
     "default_checkpoint",
+    "kept_by_migration",
     "list_checkpoints",
     "needs_registry",
     "open_store_for",
@@ -89,6 +90,17 @@ def open_store_for(url: str, *, index: str | None = None, id_field: str | None =
 def default_checkpoint(data_dir, source: str, target: str) -> Path:
     """Where a migration records its progress unless told: ``data_dir/migrations/<source>-to-<target>.json``."""
     return Path(data_dir) / "migrations" / f"{source}-to-{target}.json"
+
+
+def kept_by_migration(data_dir, source: str, target: str) -> int | None:
+    """How many re-embedded rows the migration of ``source`` into ``target`` kept (``migrate --keep-ids``), as its
+    default checkpoint records it: 0 when it kept none; None when there is no such checkpoint to tell (another
+    ``--checkpoint`` file, ``target`` an alias) or it cannot be read."""
+    try:
+        state = FileCheckpoint(default_checkpoint(data_dir, source, target)).load()
+    except (VecbridgeError, OSError):
+        return None
+    return None if state is None else int(state.get("keep_rows") or 0)
 
 
 def needs_registry(map_ref) -> bool:
@@ -293,9 +305,12 @@ def run_verify(*, store_url: str, collection: str, encoder: str | None = None, h
     return out
 
 
-def verify_verdict(out: dict, *, min_recall: float | None, source: str | None) -> tuple[str | None, list[str]]:
+def verify_verdict(out: dict, *, min_recall: float | None, source: str | None,
+                   kept_rows: int | None = None) -> tuple[str | None, list[str]]:
     """``(verdict, why)`` of :func:`run_verify`'s figures: ``"FAIL"`` when recall@k is below ``min_recall`` or (with
-    ``source``) a row is missing, extra or wrong, ``"PASS"`` otherwise, None when nothing was gated."""
+    ``source``) a row is missing, extra or wrong, ``"PASS"`` otherwise, None when nothing was gated. ``kept_rows``
+    (:func:`kept_by_migration`): the re-embedded rows the migration kept, for the reason of wrong vectors checked
+    without its keep set (0: it kept none, no such reason; None: unknown, they may be)."""
     fails = []
     if min_recall is not None and out[f"recall@{out['k']}"] < min_recall:
         fails.append(f"recall@{out['k']} below {min_recall}")
@@ -305,10 +320,11 @@ def verify_verdict(out: dict, *, min_recall: float | None, source: str | None) -
         if wrong and wrong == out.get("rows_target"):  # every one: another map?
             fails.append("every vector differs from map(source row): was the collection migrated with another "
                          "version of the map (its checkpoint records it as NAME:N)?")
-        elif wrong and "kept_checked" not in out:  # a migration that kept its re-embedded rows wrote their own
-            fails.append(f"{wrong} wrong vector(s) may be re-embedded rows the migration kept (migrate --keep-ids): "
-                         "give verify the same --keep-ids/--keep-vectors (`keep` over HTTP) to check them against "
-                         "their given vectors")
+        elif wrong and "kept_checked" not in out and kept_rows != 0:  # kept rows hold their own vectors
+            said = (f"its checkpoint records a keep set of {kept_rows} re-embedded rows (migrate --keep-ids)"
+                    if kept_rows else "may be re-embedded rows the migration kept (migrate --keep-ids)")
+            fails.append(f"{wrong} wrong vector(s): {said}; give verify the same --keep-ids/--keep-vectors (`keep` "
+                         "over HTTP) to check them against their given vectors")
     return (None if min_recall is None and source is None else ("FAIL" if fails else "PASS")), fails
 
 

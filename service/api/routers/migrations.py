@@ -19,6 +19,7 @@ from ...encoders import canonical_name
 from ...ops.vectordb import (
     configured_url,
     default_checkpoint,
+    kept_by_migration,
     list_checkpoints,
     run_migration,
     run_verify,
@@ -148,7 +149,9 @@ def create_verification(body: bytes, request, state, settings):
                          source_space=opts.source_space, space_option="source_space",
                          api_key=settings.vectordb_api_key, ca_file=settings.vectordb_ca_file, keep_ids=keep_ids,
                          keep_vectors=keep_vectors)
-        out["verdict"], out["fails"] = verify_verdict(out, min_recall=opts.min_recall, source=opts.source)
+        kept = None if opts.source is None else kept_by_migration(settings.data_dir, opts.source, opts.collection)
+        out["verdict"], out["fails"] = verify_verdict(out, min_recall=opts.min_recall, source=opts.source,
+                                                      kept_rows=kept)
         return out
 
     return job, f"verify {opts.collection}" + (f" against {opts.source} through {ref}" if ref else "")

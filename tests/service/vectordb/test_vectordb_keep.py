@@ -245,8 +245,27 @@ def test_verify_passes_a_kept_migration_given_its_keep_files_and_fails_it_withou
     rep = json.loads(out)
     assert rep["verdict"] == "FAIL" and rep["wrong_vectors"] == len(KEEP) and "kept_checked" not in rep
     assert sorted(rep["wrong_ids"], key=str) == sorted((w["ids"][i] for i in KEEP), key=str)
-    assert any(f"{len(KEEP)} wrong vector(s) may be re-embedded rows the migration kept (migrate --keep-ids)" in f
-               and "--keep-ids/--keep-vectors" in f for f in rep["fails"]), rep["fails"]
+    assert any(f"{len(KEEP)} wrong vector(s): may be re-embedded rows the migration kept (migrate --keep-ids)" in f
+               and "--keep-ids/--keep-vectors" in f for f in rep["fails"]), rep["fails"]  # its --checkpoint: unknown
+    # a migration into its default checkpoint: the FAIL says how many rows that one kept, or nothing when none
+    code, _, err = run_cli(capsys, "--data-dir", w["dir"] / "var", "migrate", "--store", w["url"], "--source", "k_src",
+                           "--target", "k_other", "--map", w["dir"] / "m.npz", "--quiet", "--keep-ids", w["ids_file"],
+                           "--keep-vectors", w["vectors"])
+    assert code == 0, err
+    code, out, err = _verify(capsys, w, "k_other")
+    assert code == 1 and (f"{len(KEEP)} wrong vector(s): its checkpoint records a keep set of {len(KEEP) + 1} "
+                          "re-embedded rows (migrate --keep-ids)" in out), out
+    code, _, err = run_cli(capsys, "--data-dir", w["dir"] / "var", "migrate", "--store", w["url"], "--source", "k_src",
+                           "--target", "k_plain", "--map", w["dir"] / "m.npz", "--quiet")
+    assert code == 0, err
+    v6 = _vectors(w, "k_plain")[6:7]
+    s = open_store(w["url"])
+    try:
+        s.upsert("k_plain", [w["ids"][5]], v6, ["text 5"])  # row 5 holds row 6's vector
+    finally:
+        s.close()
+    code, out, err = _verify(capsys, w, "k_plain")
+    assert code == 1 and "wrong vector(s)" not in out and out.rstrip().endswith("FAIL: rows differ from the source's")
 
 
 def test_verify_with_keep_files_fails_a_kept_row_that_holds_another_vector(capsys, world):
