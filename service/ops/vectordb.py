@@ -93,9 +93,9 @@ def default_checkpoint(data_dir, source: str, target: str) -> Path:
 
 
 def kept_by_migration(data_dir, source: str, target: str) -> int | None:
-    """How many re-embedded rows the migration of ``source`` into ``target`` kept (``migrate --keep-ids``), as its
-    default checkpoint records it: 0 when it kept none; None when there is no such checkpoint to tell (another
-    ``--checkpoint`` file, ``target`` an alias) or it cannot be read."""
+    """The size of the keep set (``migrate --keep-ids``) the migration of ``source`` into ``target`` was given, as its
+    default checkpoint records it (``keep_rows``): 0 when it kept none; None when there is no such checkpoint to tell
+    (another ``--checkpoint`` file, ``target`` an alias) or it cannot be read."""
     try:
         state = FileCheckpoint(default_checkpoint(data_dir, source, target)).load()
     except (VecbridgeError, OSError):
@@ -309,8 +309,8 @@ def verify_verdict(out: dict, *, min_recall: float | None, source: str | None,
                    kept_rows: int | None = None) -> tuple[str | None, list[str]]:
     """``(verdict, why)`` of :func:`run_verify`'s figures: ``"FAIL"`` when recall@k is below ``min_recall`` or (with
     ``source``) a row is missing, extra or wrong, ``"PASS"`` otherwise, None when nothing was gated. ``kept_rows``
-    (:func:`kept_by_migration`): the re-embedded rows the migration kept, for the reason of wrong vectors checked
-    without its keep set (0: it kept none, no such reason; None: unknown, they may be)."""
+    (:func:`kept_by_migration`): the size of the migration's keep set, for the reason of wrong vectors checked
+    without it (0: it kept none, no such reason; None: unknown, they may be kept rows)."""
     fails = []
     if min_recall is not None and out[f"recall@{out['k']}"] < min_recall:
         fails.append(f"recall@{out['k']} below {min_recall}")

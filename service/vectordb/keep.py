@@ -5,7 +5,8 @@ hold those rows' OWN new-model vectors rather than the map's approximation of th
 then finds it as the new model does; WordNet minilm→e5: +0.01-0.03 retention of the whole corpus at K = 1,000,
 +0.03-0.09 at 3,000, see :func:`align.keep_native_rows`). In a database the rows are named by their ids: a keep set
 is K ids and their K new-model vectors; :func:`service.vectordb.migrate` maps each batch, then writes the given
-vector for every row whose id is in the set.
+vector for every row whose id is in the set; :func:`service.vectordb.check_rows` (``vecbridge verify --source``)
+takes the same set, and expects those vectors in those rows.
 
 Ids: integers, or strings (UUIDs, keys). A string that is a UUID is compared in its canonical form (lower case,
 hyphens), as PostgreSQL's ``uuid`` and Qdrant return them, on both sides; the set's ids are read as the source
