@@ -17,6 +17,7 @@ import numpy as np
 
 from . import linalg
 from .exceptions import (
+    DegenerateInputError,
     DimensionMismatchError,
     InputError,
     PairCountError,
@@ -140,15 +141,17 @@ def distinct_rows_to_embed(X_old, k: int, *, method: str = "kmeans++", random_st
     return np.sort(_d2_sample(_reduce(X, rng), int(k), rng, group=group)), distinct
 
 
-def keep_native_rows(migrated, rows, Y_new, *, copy: bool = True) -> np.ndarray:
+def keep_native_rows(migrated, rows, Y_new, *, copy: bool = True, unit: bool = True) -> np.ndarray:
     """The migrated corpus with each re-embedded row's own new-model vector in place of its mapped one.
 
     ``migrated`` (n, d_t): the old corpus mapped into the new space (``m.apply(X_old, output="raw")``);
     ``rows`` (K,): distinct indices in [0, n) of the rows whose texts were re-embedded (e.g.
     :func:`select_rows_to_embed`'s, the map's fit pairs); ``Y_new`` (K, d_t): their new-model vectors, in ``rows``'
-    order. Returns (n, d_t) float32 with ``out[rows[i]] = Y_new[i]`` and every other row as in ``migrated``.
-    ``copy=False`` writes into ``migrated`` when it already is a float32 C-contiguous array (as sklearn's ``copy``:
-    not guaranteed, use the returned array).
+    order. Returns (n, d_t) float32 with ``out[rows[i]] = Y_new[i] / |Y_new[i]|`` (``unit=False``: ``Y_new[i]`` as
+    given) and every other row as in ``migrated``: a map's raw output is unit rows (default frames), and a kept row
+    of another length would outrank or trail the mapped ones in an inner-product or L2 index (cosine is the same
+    either way). ``copy=False`` writes into ``migrated`` when it already is a writable float32 C-contiguous array
+    (as sklearn's ``copy``: not guaranteed, use the returned array).
 
     Those rows are the migration's own pairs: a query whose relevant document is one of them then finds it as the
     new model does (WordNet reverse dictionary minilm→e5, 8,192 rows, ridge / Procrustes / auto from K = 300-3,000:
@@ -157,7 +160,7 @@ def keep_native_rows(migrated, rows, Y_new, *, copy: bool = True) -> np.ndarray:
     the queries times what mapping lost on them (+0.01-0.03 at K = 1,000, +0.03-0.09 at 3,000).
     """
     out = as_matrix(migrated, name="migrated")
-    if copy and isinstance(migrated, np.ndarray) and np.may_share_memory(out, migrated):
+    if (copy and isinstance(migrated, np.ndarray) and np.may_share_memory(out, migrated)) or not out.flags.writeable:
         out = out.copy()  # a float32 C-contiguous array (or a view of one, e.g. a memmap) comes back as itself
     idx = np.asarray(rows)
     if idx.ndim != 1 or idx.dtype == np.bool_ or not np.issubdtype(idx.dtype, np.integer):
@@ -174,5 +177,11 @@ def keep_native_rows(migrated, rows, Y_new, *, copy: bool = True) -> np.ndarray:
                          f"{int(idx.max())}]")
     if np.unique(idx).size != idx.size:
         raise InputError("rows lists a row more than once: each re-embedded row has one new-model vector")
+    if unit:
+        zero = ~Y.any(axis=1)
+        if zero.any():
+            raise DegenerateInputError(f"Y_new holds {int(zero.sum())} all-zero row(s) (e.g. row "
+                                       f"{int(np.flatnonzero(zero)[0])}): a zero vector has no direction")
+        Y = unit_rows(Y)
     out[idx] = Y
     return out

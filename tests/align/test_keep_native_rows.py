@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 import align
 from align.exceptions import (
+    DegenerateInputError,
     DimensionMismatchError,
     InputError,
     NonFiniteError,
@@ -27,7 +28,8 @@ def test_the_listed_rows_hold_the_given_vectors_and_every_other_row_is_untouched
     Y = rng.standard_normal((rows.size, d)).astype(np.float32)
     out = align.keep_native_rows(migrated, rows, Y)
     assert out.shape == (n, d) and out.dtype == np.float32
-    np.testing.assert_array_equal(out[rows], Y)
+    np.testing.assert_allclose(out[rows], Y / np.linalg.norm(Y, axis=1, keepdims=True), rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(align.keep_native_rows(migrated, rows, Y, unit=False)[rows], Y)  # as given
     rest = np.setdiff1d(np.arange(n), rows)
     np.testing.assert_array_equal(out[rest], before[rest].astype(np.float32))
     np.testing.assert_array_equal(migrated, before)  # copy=True (the default) never writes into the input
@@ -35,12 +37,36 @@ def test_the_listed_rows_hold_the_given_vectors_and_every_other_row_is_untouched
 
 def test_copy_false_writes_into_a_float32_array_and_copy_true_leaves_a_memmap_alone(tmp_path):
     M = np.zeros((6, 3), np.float32)
-    out = align.keep_native_rows(M, [5, 0], np.ones((2, 3)), copy=False)
-    assert out is M and M[[0, 5]].sum() == 6 and M[1:5].sum() == 0
+    out = align.keep_native_rows(M, [5, 0], np.full((2, 3), 2.0), copy=False, unit=False)
+    assert out is M and M[[0, 5]].sum() == 12 and M[1:5].sum() == 0
     np.save(tmp_path / "m.npy", np.zeros((6, 3), np.float32))
     mm = np.load(tmp_path / "m.npy", mmap_mode="r+")
-    out = align.keep_native_rows(mm, [1], np.ones((1, 3)))
+    out = align.keep_native_rows(mm, [1], np.ones((1, 3)), unit=False)
     assert out[1].sum() == 3 and np.load(tmp_path / "m.npy").sum() == 0  # a view of the file is not written
+
+
+def test_a_read_only_array_is_copied_even_with_copy_false():
+    """Blocks that come back from Ray are read-only: ``transform --ray --keep-rows`` was "assignment destination is
+    read-only", exit 3."""
+    M = np.zeros((4, 2), np.float32)
+    M.setflags(write=False)
+    out = align.keep_native_rows(M, [2], np.array([[3.0, 4.0]]), copy=False)
+    np.testing.assert_allclose(out[2], [0.6, 0.8], rtol=1e-6)
+    assert not M.any()
+
+
+def test_kept_rows_are_unit_rows_as_the_maps_raw_output_so_an_inner_product_ranks_them_alike():
+    """A kept vector of length 20 beside unit mapped rows topped every inner-product search (a reviewer's 2,000-row
+    run: 100 of 100 queries); as unit rows they rank as cosine ranks them."""
+    rng = np.random.default_rng(0)
+    D = rng.standard_normal((200, 8)).astype(np.float32)
+    D /= np.linalg.norm(D, axis=1, keepdims=True)
+    kept = align.keep_native_rows(D, np.arange(20), 20 * rng.standard_normal((20, 8)))
+    np.testing.assert_allclose(np.linalg.norm(kept, axis=1), 1.0, rtol=1e-5)
+    Q = D[100:150]
+    np.testing.assert_array_equal(np.argmax(Q @ kept.T, axis=1), np.arange(100, 150))  # each finds itself
+    with pytest.raises(DegenerateInputError, match="all-zero"):
+        align.keep_native_rows(D, [0, 1], np.array([[0.0] * 8, [1.0] * 8]))
 
 
 @pytest.mark.parametrize("rows, Y, err, match", [

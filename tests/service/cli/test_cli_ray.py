@@ -164,6 +164,16 @@ def test_transform_with_ray_streams_the_same_output(tmp_path, method):
     assert a.returncode == 0 and b.returncode == 0, b.stderr
     assert b.stderr == "", b.stderr  # --quiet keeps Ray's own console lines away too
     np.testing.assert_array_equal(np.load(tmp_path / "a.npy"), np.load(tmp_path / "b.npy"))  # 8 chunks, in order
+    # the re-embedded rows kept (blocks from Ray are read-only: "assignment destination is read-only", exit 3)
+    rows = np.array([999, 5, 130, 127, 128])  # across chunk edges
+    np.save(tmp_path / "rows.npy", rows)
+    np.save(tmp_path / "kv.npy", Y[rows])
+    c = _vecbridge(tmp_path / "var", *common, str(tmp_path / "c.npy"), "--chunk-rows", "128", "--quiet", "--ray",
+                   "--keep-rows", str(tmp_path / "rows.npy"), "--keep-vectors", str(tmp_path / "kv.npy"))
+    assert c.returncode == 0, c.stderr
+    want = np.load(tmp_path / "a.npy")
+    want[rows] = Y[rows] / np.linalg.norm(Y[rows], axis=1, keepdims=True)
+    np.testing.assert_allclose(np.load(tmp_path / "c.npy"), want, rtol=1e-5, atol=1e-6)
 
 
 def _free_port() -> int:
