@@ -91,7 +91,9 @@ class KeepSet:
 
 def read_keep_ids(path) -> np.ndarray:
     """A keep-ids file: ``.npy`` (K,) of integers (or of strings), ``.json`` a list of integers or strings, else
-    text with one id per line (all decimal integers: integer ids; else each line, stripped, a string id)."""
+    text with one id per line, each line stripped, read as a string: :func:`keep_set` reads it as an integer for a
+    collection keyed by integers, and keeps it as written for a text id column ("007" stays "007"; read as integers
+    first, it became "7" and never matched)."""
     from ..io import check_file, load_npy
 
     p = Path(path)
@@ -109,8 +111,7 @@ def read_keep_ids(path) -> np.ndarray:
             arr = np.array(obj, dtype=str if obj and isinstance(obj[0], str) else np.int64)
         else:
             lines = [w.strip() for w in p.read_text(encoding="utf-8-sig").splitlines() if w.strip()]
-            arr = (np.array([int(w) for w in lines], dtype=np.int64) if all(_INT.fullmatch(w) for w in lines)
-                   else np.array(lines, dtype=str))
+            arr = np.array(lines, dtype=str)
     except (ValueError, OverflowError, UnicodeDecodeError, RecursionError) as exc:
         raise InputError(f"{p.name}: cannot read the ids of the re-embedded rows ({exc})") from None
     if arr.dtype.kind == "S":
@@ -185,7 +186,7 @@ def keep_set(store: VectorStore, source: str, ids, vectors, dim: int) -> KeepSet
             arr = np.array([int(s) for s in arr.tolist()], dtype=np.int64)
         else:
             arr = np.array([_canon(s) for s in arr.tolist()], dtype=str)
-    elif kind == "str":  # decimal integers from a text file, for a text / varchar id column
+    elif kind == "str":  # integer ids (.npy, .json) for a text / varchar id column
         arr = arr.astype(str)
     order = _no_twice(arr)  # again: two spellings of one UUID, "+5" and "5"
     return KeepSet(arr[order], vec[order])

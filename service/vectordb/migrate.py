@@ -562,10 +562,14 @@ def _migrate(store: VectorStore, source: str, target: str, map_, *, alias, batch
         for batch in store.scan(source, after_id=state["last_id"], batch_size=batch_size, with_fields=True):
             _check_vectors(source, batch)
             Y = map_.apply(batch.vectors, output="raw")
-            if keep is not None:  # the re-embedded rows as they are; counted in the checkpoint with their batch
+            n_kept = 0
+            if keep is not None:  # the re-embedded rows as they are
                 Y, n_kept = keep.apply(batch.ids, Y)
-                state["kept"] = int(state.get("kept", 0)) + n_kept
             store.upsert(target, batch.ids, Y, batch.texts, batch.fields, sparse=batch.sparse)
+            # counted once the batch is written, with it: a failed write (its state saved on the way out, exit 75)
+            # counted its kept rows, and the resume counted them again
+            if keep is not None:
+                state["kept"] = int(state.get("kept", 0)) + n_kept
             rows_run += len(batch)
             fields_seen |= _fields_of(store, batch)
             state["fields"] = sorted(fields_seen)

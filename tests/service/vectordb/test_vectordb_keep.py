@@ -329,3 +329,38 @@ def test_verify_refuses_bad_keep_input_with_exit_2_and_a_message(capsys, world, 
         code, _, err = _verify(capsys, w, "k_kept", *args)
     assert code == 2 and err.startswith("vecbridge: error:"), err
     assert re.search(match, err), err
+
+
+class _FirstWriteFails:
+    """A real store whose first write into ``target`` raises as a lost connection does (the exit-75 path: the
+    checkpoint is saved on the way out, the batch not recorded as done)."""
+
+    def __init__(self, store, target: str):
+        self._store, self._target, self.failed = store, target, False
+
+    def __getattr__(self, name):
+        return getattr(self._store, name)
+
+    def upsert(self, name, *args, **kw):
+        if name == self._target and not self.failed:
+            self.failed = True
+            raise ConnectionError("the database went away")
+        return self._store.upsert(name, *args, **kw)
+
+
+def test_a_failed_write_then_a_resume_counts_each_kept_row_once(world):
+    """The kept rows of a batch were counted before its write: a failed write saved that count, and the resume,
+    which writes the batch again, counted them again (kept 10 of 6, keep_not_found clamped to 0)."""
+    w = world
+    ck = FileCheckpoint(w["dir"] / "fail.json")
+    s = open_store(w["url"])
+    try:
+        with pytest.raises(ConnectionError):
+            migrate(_FirstWriteFails(s, "k_kept"), "k_src", "k_kept", w["m"], batch_size=30, checkpoint=ck,
+                    keep_ids=w["keep_ids"], keep_vectors=w["Y"])
+        rep = migrate(s, "k_src", "k_kept", w["m"], batch_size=30, checkpoint=ck, keep_ids=w["keep_ids"],
+                      keep_vectors=w["Y"])
+    finally:
+        s.close()
+    assert (rep.kept, rep.keep_not_found) == (len(KEEP), 1)
+    np.testing.assert_allclose(_vectors(w, "k_kept")[KEEP], w["Y"][:len(KEEP)], rtol=0, atol=1e-6)

@@ -350,3 +350,19 @@ def test_the_target_keeps_the_sources_column_rules_constraints_and_indexes(store
                            ("[" + ",".join(["0"] * m.target_dim) + "]",))
     store.finalize("d_dst", like="d_src")  # a rerun of the last step (a crash inside finalize): nothing twice
     assert indexes("d_dst") == got
+
+
+def test_a_text_file_of_keep_ids_matches_text_ids_as_written(store, tmp_path):
+    """Lines of digits were read as integers: "007" became "7", "+5" became "5", and those rows of a text-keyed
+    table were written mapped, counted as "not in the source"."""
+    from service.vectordb.keep import read_keep_ids
+
+    X, m = small_migration()
+    ids = ["007", "+5", "10"] + [f"d{i}" for i in range(len(X) - 3)]
+    _user_table(store, "t_src", "text", X, ids)
+    (tmp_path / "ids.txt").write_text("007\n+5\n10\n")
+    Y = np.eye(3, m.target_dim, dtype=np.float32)
+    rep = migrate(store, "t_src", "t_dst", m, batch_size=37, keep_ids=read_keep_ids(tmp_path / "ids.txt"),
+                  keep_vectors=Y)
+    assert rep.kept == 3 and rep.keep_not_found == 0
+    np.testing.assert_allclose(store.fetch("t_dst", ["007", "+5", "10"]).vectors, Y, atol=1e-6)
