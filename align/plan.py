@@ -348,8 +348,8 @@ def plan_migration(X_old, probe_src, probe_tgt, *, random_state=0, target_retent
     ``fit``: the one of ``best_method``, the best at the largest probe K), ``predicted`` (per target K: method,
     retention, low, high, extrapolated; with labelled queries also ``r10``, the migrated index's predicted R@10 of
     them; unless ``old_is_sample``, ``kept``: the same for a migration that keeps its K re-embedded rows' own
-    vectors in the corpus, :func:`align.keep_native_rows`, see :func:`~align.learning_curve.kept_forecast`), with labelled queries ``native`` (R@10 of the queries: ``new_probe``, ``old_probe``, ``old_corpus``
-    measured, ``new_corpus_estimate`` and the ``slope_ratio`` / ``shrink`` behind it; a note says when keeping the
+    vectors in the corpus, :func:`align.keep_native_rows`, see :func:`~align.learning_curve.kept_forecast`), with
+    labelled queries ``native`` (R@10 of the queries: ``new_probe``, ``old_probe``, ``old_corpus`` measured, ``new_corpus_estimate`` and the ``slope_ratio`` / ``shrink`` behind it; a note says when keeping the
     old model is predicted to do as well; ``labelled`` instead when their estimate is inconsistent, see 4.),
     ``recommended`` (``method``, ``forecast_method``, ``k``, ``whole_corpus``), ``rows_to_embed`` (indices; empty
     with ``select_rows=False``, for callers such as a fit report that only want the forecast), ``notes``.

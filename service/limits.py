@@ -68,7 +68,7 @@ class Limits(BaseModel):
                                                                      "stall; binary bodies keep max_body_bytes)")
     body_bytes_texts: int = Field(4 * 1024 * 1024, ge=1, description="Text routes (embeddings, LM): body bytes.")
     body_bytes_small: int = Field(64 * 1024, ge=1, description="Metadata routes (spaces, aliases, tags, steer "
-                                                             "transfers, migrations): body bytes.")
+                                                             "transfers): body bytes.")
     max_k: int = Field(1_000, ge=1, le=10_000, description="Search: results per query.")
     max_hits: int = Field(100_000, ge=1, description="Search: queries × k per request (bounds the response).")
     max_response_values: int = Field(4 * 1024 * 1024, ge=1, description="Transform: rows × columns returned as "

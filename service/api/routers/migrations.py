@@ -67,7 +67,7 @@ def create_migration(body: bytes, request, state, settings):
     checkpoint = default_checkpoint(settings.data_dir, opts.source, opts.target)
     keep_ids = keep_vectors = None
     if opts.keep is not None:
-        keep_ids, keep_vectors = _keep(obj, opts, state.registry.load_map(ref).target_dim, settings)
+        keep_ids, keep_vectors = _keep(obj, opts, state.registry.load_map(ref).target_dim)
 
     def job(ctx):
         ctx.progress("connect", 0.0)
@@ -89,11 +89,12 @@ def create_migration(body: bytes, request, state, settings):
     return job, f"{what} {opts.source} -> {opts.target} through {ref}"
 
 
-def _keep(obj: dict, opts, dim: int, settings) -> tuple:
+def _keep(obj: dict, opts, dim: int) -> tuple:
     """The body's ``keep`` set, its count, width (``dim``: the map's target) and NaN checked now (422 before a job
-    exists); its ids against the source in the job."""
-    return check_keep(opts.keep.ids, vectors_from_json(obj["keep"], dim=None, max_batch=settings.max_batch,
-                                                       name="vectors", finite=False), dim)
+    exists); its ids against the source in the job. Not capped at ``max_batch`` rows: a keep set cannot be split
+    (a resume must send the same one); the JSON body limit bounds it."""
+    return check_keep(opts.keep.ids, vectors_from_json(obj["keep"], dim=None, max_batch=2**62, name="vectors",
+                                                       finite=False), dim)
 
 
 list_route(router, "/migrations", name="list_migrations", response_model=MigrationList,
@@ -138,7 +139,7 @@ def create_verification(body: bytes, request, state, settings):
     if opts.keep is not None:
         if ref is None:
             raise InputError("keep names the rows a migration kept as re-embedded: give it with source and map")
-        keep_ids, keep_vectors = _keep(obj, opts, state.registry.load_map(ref).target_dim, settings)
+        keep_ids, keep_vectors = _keep(obj, opts, state.registry.load_map(ref).target_dim)
 
     def job(ctx):
         ctx.progress("verify", 0.0)
