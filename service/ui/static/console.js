@@ -23,8 +23,12 @@ const VB = {
   /* A request can be answered now: a key is set, or none is needed. */
   canCall() { return !!VB.key() || !VB.authRequired(); },
 
-  /* Call the API; resolves to the parsed JSON (or text), rejects with {status, type, message}. */
-  async api(path, { method = "GET", body = undefined, text = false } = {}) {
+  /* Seconds a request may go unanswered: then it is given up and the page says so (a poll tries again). */
+  timeoutSeconds: 20,
+
+  /* Call the API; resolves to the parsed JSON (or text), rejects with {status, type, message}. `signal` (an
+   * AbortSignal) gives the request up: it rejects with {aborted: true}, which a page drops (a newer one runs). */
+  async api(path, { method = "GET", body = undefined, text = false, signal = undefined } = {}) {
     const headers = { Accept: text ? "text/html" : "application/json" };
     const k = VB.key();
     if (k) headers.Authorization = "Bearer " + k;
@@ -36,21 +40,38 @@ const VB = {
       throw err;
     }
     if (body !== undefined) headers["Content-Type"] = "application/json";
-    let r;
+    // a hung service left the page showing what it last read as live, and each poll added a request that never
+    // ended: after timeoutSeconds the request is given up and the page says the service did not answer
+    const secs = VB.timeoutSeconds, ctl = new AbortController();
+    let late = false;
+    const timer = setTimeout(() => { late = true; ctl.abort(); }, secs * 1000);
+    const giveUp = () => ctl.abort();
+    if (signal) { if (signal.aborted) ctl.abort(); else signal.addEventListener("abort", giveUp, { once: true }); }
+    const failed = (e) => {
+      if (late) return { status: 0, type: "Timeout", message: `the service did not answer in ${secs} s` };
+      if (ctl.signal.aborted) return { status: 0, type: "Aborted", aborted: true, message: "superseded" };
+      return e;
+    };
     try {
-      r = await fetch(VB.root() + path,
-                      { method, headers, body: body === undefined ? undefined : JSON.stringify(body) });
-    } catch (e) {
-      throw { status: 0, type: "NetworkError", message: "the service did not answer (" + e.message + ")" };
+      let r;
+      try {
+        r = await fetch(VB.root() + path, { method, headers, signal: ctl.signal,
+                                            body: body === undefined ? undefined : JSON.stringify(body) });
+      } catch (e) {
+        throw failed({ status: 0, type: "NetworkError", message: "the service did not answer (" + e.message + ")" });
+      }
+      if (r.status === 204) return null;
+      if (!r.ok) {
+        let err = { status: r.status, type: "HTTPError", message: r.statusText };
+        try { const j = await r.json(); if (j && j.error) err = j.error; } catch (_) { /* not JSON */ }
+        if (err.status === 401 || r.status === 401) window.dispatchEvent(new CustomEvent("vb-401", { detail: err }));
+        throw failed(err);
+      }
+      try { return await (text ? r.text() : r.json()); } catch (e) { throw failed(e); }
+    } finally {
+      clearTimeout(timer);
+      if (signal) signal.removeEventListener("abort", giveUp);
     }
-    if (r.status === 204) return null;
-    if (!r.ok) {
-      let err = { status: r.status, type: "HTTPError", message: r.statusText };
-      try { const j = await r.json(); if (j && j.error) err = j.error; } catch (_) { /* not JSON */ }
-      if (err.status === 401 || r.status === 401) window.dispatchEvent(new CustomEvent("vb-401", { detail: err }));
-      throw err;
-    }
-    return text ? r.text() : r.json();
   },
 
   /* An API error in words: what happened and what to do. */
@@ -165,7 +186,7 @@ function keyBar() {
 /* Shared page behaviour: load() on start and whenever the key changes; `error` in words. */
 function page(extra) {
   return Object.assign({
-    error: "", busy: false, timer: null,
+    error: "", busy: false, timer: null, asking: null, polling_: false,
     init() {
       window.addEventListener("vb-key", () => this.reload());
       // a refused key (revoked, rotated) stops the polling: a new key reloads the page, which starts it again
@@ -179,8 +200,20 @@ function page(extra) {
         await this.load();
         // first data on the page: a User Timing mark (read by the browser tests' render-time table)
         if (!performance.getEntriesByName("vb-data").length) this.$nextTick(() => performance.mark("vb-data"));
-      } catch (e) { this.error = VB.say(e); } finally { this.busy = false; }
+      } catch (e) {
+        this.error = VB.say(e);
+        // a page that follows jobs keeps trying after a load the service did not answer (a 401 stopped it: stays)
+        if (e.status !== 401 && this.polling && this.polling()) this.startPolling();
+      } finally { this.busy = false; }
     },
+    /* A new request of a page's search supersedes its last one (given up): an answer arriving after a newer
+       request was made is dropped, so what is shown is the answer to what was last asked. */
+    supersede() {
+      if (this.asking) this.asking.abort();
+      this.asking = new AbortController();
+      return this.asking;
+    },
+    latest(ctl) { return this.asking === ctl; },
     /* Pages that follow jobs (polling()) read what jobs change (follow(): all of load() unless a page says less)
        every pollEvery() ms while the tab is visible: a second while a job runs. */
     startPolling() {
@@ -194,8 +227,11 @@ function page(extra) {
     pollEvery() { return 1000; },
     follow() { return this.load(); },
     async poll() {
-      if (!VB.canCall() || document.hidden) return;
+      // one poll at a time: an unanswered one is given up after VB.timeoutSeconds, then the next starts
+      if (!VB.canCall() || document.hidden || this.polling_) return;
+      this.polling_ = true;
       try { await this.follow(); this.error = ""; } catch (e) { this.error = VB.say(e); }  // a recovered poll clears it
+      finally { this.polling_ = false; }
       if (!this.polling()) this.stopPolling(); else if (this.timer) this.startPolling();  // a 401 stopped it: stays
     },
     live(j) { return j.state === "queued" || j.state === "running"; },  // a job that may still change
@@ -455,32 +491,52 @@ function searchPage() {
       const other = this.spaces.find(s => s.encoder && s.name !== own);
       if (!this.space || this.space === own) this.space = other ? other.name : own;
     },
+    /* What the results shown answer (index, both spaces, k): their headings say it, not the form's current
+       values (a changed dropdown relabelled the old hits); `stale` once the form no longer asks that. */
+    asked: null, stale: false,
     async run() {
-      this.searchMsg = ""; this.native = this.mapped = null; this.overlap = null;
+      const ctl = this.supersede();
+      this.searchMsg = ""; this.native = this.mapped = null; this.overlap = null; this.asked = null; this.stale = false;
       if (!this.index) { this.searchMsg = "no index to search yet: create one (POST /v1/indexes, API docs)"; return; }
       if (!this.query.trim()) { this.searchMsg = "type a query first"; return; }
-      const base = { texts: [this.query], k: Number(this.k), csls: this.csls, include_payloads: true };
-      const url = `/v1/indexes/${encodeURIComponent(this.index)}/search`;
+      const asked = { index: this.index, native: this.indexSpace(), space: this.space, k: Number(this.k) };
+      const base = { texts: [this.query], k: asked.k, csls: this.csls, include_payloads: true };
+      const url = `/v1/indexes/${encodeURIComponent(asked.index)}/search`;
+      const ask = (space) => VB.api(url, { method: "POST", body: { ...base, space }, signal: ctl.signal });
       this.busy = true;
       try {
-        const [a, b] = await Promise.allSettled([
-          VB.api(url, { method: "POST", body: { ...base, space: this.indexSpace() } }),
-          VB.api(url, { method: "POST", body: { ...base, space: this.space } })]);
+        const [a, b] = await Promise.allSettled([ask(asked.native), ask(asked.space)]);
+        if (!this.latest(ctl)) return;  // a newer search was asked for: its answer is the one shown
         if (a.status === "fulfilled") this.native = a.value; else this.searchMsg = "native: " + VB.say(a.reason);
         if (b.status === "fulfilled") this.mapped = b.value;
         else this.searchMsg = (this.searchMsg ? this.searchMsg + "; " : "") + "through the map: " + VB.say(b.reason);
+        if (this.native || this.mapped) this.asked = asked;
         if (this.native && this.mapped) {
-          const top = (r) => new Set(r.results[0].slice(0, 10).map(h => h.id));
+          const top = (r) => new Set(r.results[0].map(h => h.id));
           const A = top(this.native), B = top(this.mapped);
           let n = 0; A.forEach(x => { if (B.has(x)) n++; });
-          this.overlap = { shared: n, of: Math.min(10, A.size) };
+          this.overlap = { shared: n, of: Math.min(A.size, B.size) };
         }
-      } finally { this.busy = false; }
+      } finally { if (this.latest(ctl)) this.busy = false; }
     },
+    /* An input changed since the results shown were asked for: they are marked as the last search's. */
+    changed() { if (this.asked) this.stale = true; },
+    indexChanged() { this.pickDefaultSpace(); this.changed(); },
+    staleText() {
+      const a = this.asked;
+      return a ? `The results below answer the last search (index ${a.index}, query's model ${a.space}, k = ${a.k}),` +
+        " not the form as it is now: press Search to run it." : "";
+    },
+    searchText() { return this.busy ? "Searching…" : "Search"; },
     indexOption(i) { return `${i.name} (${i.space}, ${i.count} rows)`; },
     spaceOption(s) { return s.encoder ? `${s.name} · ${s.encoder}` : s.name; },
-    nativeSpace() { return this.native ? this.native.query_space : this.indexSpace(); },
+    nativeSpace() { return this.native ? this.native.query_space : this.asked ? this.asked.native : ""; },
+    mappedSpace() { return this.mapped ? this.mapped.query_space : this.asked ? this.asked.space : ""; },
+    resultsIndex() { return this.asked ? this.asked.index : ""; },
+    // the overlap of the two lists of k hits shown (it said overlap@10 for any k)
+    overlapLabel() { return this.overlap ? `overlap@${this.asked.k}:` : ""; },
     overlapText() { return this.overlap ? `${this.overlap.shared} / ${this.overlap.of}` : ""; },
+    bothText(h, r) { return this.sharedClass(h, r) ? "· found by both models" : ""; },
     scoring() { return this.mapped ? this.mapped.scoring : ""; },
     /* "shared" on a hit `h` that the other list `r` also holds. */
     sharedClass(h, r) { return r && this.hits(r).some(x => x.id === h.id) ? "shared" : ""; },
@@ -496,8 +552,8 @@ function searchPage() {
 function steerPage() {
   return page({
     steers: [], indexes: [], steer: "", index: "", query: "", eps: 0, k: 10,
-    base: null, steered: null, share: null, sweep: [], steerMsg: "",
-    prompt: "The movie was", genText: "", tokens: [], lmMsg: "", lmModel: "",
+    base: null, steered: null, share: null, shown: null, sweep: [], steerMsg: "",
+    prompt: "The movie was", genText: "", tokens: [], lmMsg: "", lmModel: "", lmEps: 0,
     async load() {
       const [s, i] = await Promise.all([VB.api("/v1/steers"), VB.api("/v1/indexes")]);
       this.steers = s.data; this.indexes = i.data;
@@ -509,7 +565,10 @@ function steerPage() {
     isSearchSteer() { return !this.isLM(); },
     steerOption(s) { return `${s.name} (${s.space})`; },
     submit() { return this.isLM() ? this.generate() : this.run(); },
-    submitText() { return this.isLM() ? "Generate" : "Search"; },
+    submitText() {
+      if (this.busy) return this.isLM() ? "Generating…" : "Searching…";
+      return this.isLM() ? "Generate" : "Search";
+    },
     epsText() { return Number(this.eps).toFixed(2); },
     /* Letting go of the ε slider re-runs a steered search that has a query (LM generation waits for the button). */
     epsChanged() { if (!this.isLM() && this.query) this.run(); },
@@ -519,11 +578,13 @@ function steerPage() {
       if (!same.find(i => i.name === this.index)) this.index = same.length ? same[0].name : "";
     },
     indexesForSteer() { const s = this.current(); return s ? this.indexes.filter(i => i.space === s.space) : []; },
-    async search(eps) {
-      const body = { texts: [this.query], k: Number(this.k), include_payloads: true };
-      if (eps) body.steers = { [this.steer]: Number(eps) };
-      return VB.api(`/v1/indexes/${encodeURIComponent(this.index)}/search`, { method: "POST", body });
+    /* One search of `ask` (index, query, steer, k) at ε `eps` (0: unsteered), given up when `signal` aborts. */
+    async search(eps, ask = this.question(), signal = undefined) {
+      const body = { texts: [ask.query], k: ask.k, include_payloads: true };
+      if (eps) body.steers = { [ask.steer]: Number(eps) };
+      return VB.api(`/v1/indexes/${encodeURIComponent(ask.index)}/search`, { method: "POST", body, signal });
     },
+    question() { return { index: this.index, query: this.query, steer: this.steer, k: Number(this.k) }; },
     /* Share of the results carrying the attribute: payload `label` > 0 (null when payloads have no label). */
     shareOf(r) {
       const hs = r ? r.results[0] : [];
@@ -531,16 +592,33 @@ function steerPage() {
       if (!labelled.length) return null;
       return labelled.filter(h => h.payload.label > 0).length / labelled.length;
     },
+    /* Each ε change re-runs the search: only the latest run's answer is shown (an older, slower one arriving last
+       showed ε = 0.25's hits under "ε = 3"), labelled with the ε and steer it searched; a failed run clears them. */
     async run() {
+      const ctl = this.supersede();
       this.steerMsg = "";
-      if (!this.index) { this.steerMsg = "no index lives in this steer's space"; return; }
-      if (!this.query.trim()) { this.steerMsg = "type a query first"; return; }
+      if (!this.index) { this.clearResults(); this.steerMsg = "no index lives in this steer's space"; return; }
+      if (!this.query.trim()) { this.clearResults(); this.steerMsg = "type a query first"; return; }
+      const ask = { ...this.question(), eps: Number(this.eps) };
       this.busy = true;
       try {
-        [this.base, this.steered] = await Promise.all([this.search(0), this.search(this.eps)]);
-        this.share = { before: this.shareOf(this.base), after: this.shareOf(this.steered) };
-      } catch (e) { this.steerMsg = VB.say(e); } finally { this.busy = false; }
+        const [base, steered] = await Promise.all([this.search(0, ask, ctl.signal),
+                                                   this.search(ask.eps, ask, ctl.signal)]);
+        if (!this.latest(ctl)) return;
+        [this.base, this.steered, this.shown] = [base, steered, ask];
+        this.share = { before: this.shareOf(base), after: this.shareOf(steered) };
+      } catch (e) {
+        if (this.latest(ctl)) { this.clearResults(); this.steerMsg = VB.say(e); }
+      } finally { if (this.latest(ctl)) this.busy = false; }
     },
+    clearResults() { this.base = this.steered = this.share = this.shown = null; },
+    /* Another steer picked: the results shown were another steer's (and a search in flight is given up). */
+    steerChanged() {
+      this.pickIndex();
+      if (this.asking) this.asking.abort();
+      this.asking = null; this.busy = false; this.clearResults();
+    },
+    shownEps() { return this.shown ? String(this.shown.eps) : ""; },
     async runSweep() {
       this.steerMsg = "";
       if (!this.index || !this.query.trim()) { this.steerMsg = "pick an index and type a query first"; return; }
@@ -560,20 +638,22 @@ function steerPage() {
       return this.steered.results[0].filter(h => !A.has(h.id)).length;
     },
     changedText() {
-      return `${this.changed()} of ${this.hits(this.steered).length} results changed at ε = ${this.eps}`;
+      const s = this.shown;
+      return s ? `${this.changed()} of ${this.hits(this.steered).length} results changed at ε = ${s.eps} ` +
+        `(steer ${s.steer}, index ${s.index})` : "";
     },
     shareText() {
       const s = this.share;
       return s && s.before !== null ? VB.pct(s.before) + " → " + VB.pct(s.after) : "unknown (no label in payloads)";
     },
-    modelText() { return `(${this.lmModel}, ε = ${this.eps})`; },
+    modelText() { return `(${this.lmModel}, ε = ${this.lmEps})`; },
     async generate() {
       this.lmMsg = ""; this.genText = ""; this.tokens = [];
       this.busy = true;
       try {
         const g = await VB.api("/v1/lm/generate", { method: "POST",
           body: { prompt: this.prompt, steers: { [this.steer]: Number(this.eps) }, max_new_tokens: 24 } });
-        this.genText = g.text; this.lmModel = g.model;
+        this.genText = g.text; this.lmModel = g.model; this.lmEps = Number(this.eps);
         const a = await VB.api("/v1/lm/analyze", { method: "POST",
           body: { steer: this.steer, text: VB.join(this.prompt, g.text), eps: Math.abs(Number(this.eps)) || 1.0 } });
         this.tokens = a.tokens;

@@ -1,0 +1,228 @@
+"""The console shows the answer to what was last asked, labelled with what was asked, in Debian's headless Chromium
+against an in-process uvicorn server (keys on): an older, slower answer arriving last, a dropdown changed after a
+search, a service that stops answering, and a registry with many spaces reached by keyboard.
+
+Requests are held or refused by the browser's own interception (Playwright's ``page.route``), the way a slow or
+failing service looks to the page; everything else is the real service. No test waits a fixed time: each waits for
+a DOM state, or for the held requests to end and the page to have handled them (a later request's answer).
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import threading
+import time
+
+import httpx
+import numpy as np
+import pytest
+from _api_support import W, planted, settings_for
+from _browser import CHROMIUM, Page, launch
+from _servers import serve_in_thread
+
+READ_KEY = "rkey-123"
+FILLER = 40  # spaces listed in the registry, each with a Delete button
+
+sync_api = pytest.importorskip("playwright.sync_api", reason="pip install playwright (the dev extra)")
+pytestmark = pytest.mark.skipif(not CHROMIUM.exists(), reason="Debian chromium not installed")
+
+
+def _b64(X: np.ndarray) -> dict:
+    X = np.ascontiguousarray(X, dtype="<f4")
+    return {"vectors_b64": base64.b64encode(X.tobytes()).decode(), "dim": int(X.shape[1])}
+
+
+def _done(c: httpx.Client, job: str) -> dict:
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        j = c.get(f"/v1/jobs/{job}", headers=W).json()
+        if j["state"] not in ("queued", "running"):
+            return j
+        time.sleep(0.1)
+    raise AssertionError(f"job {job} did not finish: {j}")
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    """Spaces e5 (its encoder, so pages can embed a query), minilm (an encoder, never used here), a, b and FILLER
+    more; map a2b; indexes idx-e5 and idx-e5b of random e5 vectors (payload text and a ±1 label); steer tone over
+    idx-e5's rows; a job that runs until the module ends (the jobs page polls every second)."""
+    from service.api import create_app
+
+    app = create_app(settings_for(tmp_path_factory.mktemp("latest")))
+    rng = np.random.default_rng(0)
+    E = rng.standard_normal((40, 384)).astype(np.float32)
+    labels = [1 if i % 3 == 0 else -1 for i in range(len(E))]
+    X, Y, _ = planted(300)
+    release = threading.Event()
+    with serve_in_thread(app) as base, httpx.Client(base_url=base, timeout=120.0) as c:
+        for space in ({"name": "e5", "encoder": "multilingual-e5-small"},
+                      {"name": "minilm", "encoder": "all-MiniLM-L6-v2"}, {"name": "a", "dim": 16},
+                      {"name": "b", "dim": 16}, *({"name": f"filler-{i:02d}", "dim": 4} for i in range(FILLER))):
+            assert c.post("/v1/spaces", headers=W, json=space).status_code == 201, space
+        fit = {"name": "a2b", "source_space": "a", "target_space": "b", "method": "procrustes", "paired": True,
+               "source": _b64(X), "target": _b64(Y)}
+        assert _done(c, c.post("/v1/fits", headers=W, json=fit).json()["id"])["state"] == "succeeded"
+        for name, rows in (("idx-e5", E), ("idx-e5b", E[::-1].copy())):
+            r = c.post("/v1/indexes", headers=W, json={
+                "name": name, "space": "e5", "kind": "flat", **_b64(rows),
+                "payloads": [{"text": f"{name} row {i}", "label": y} for i, y in enumerate(labels)]})
+            assert r.status_code == 201, r.text
+        r = c.post("/v1/steers", headers=W, json={"name": "tone", "space": "e5", "labels": labels,
+                                                  "params": {"method": "mean-shift"}, **_b64(E)})
+        assert _done(c, r.json()["id"])["state"] == "succeeded"
+        app.state.vb.jobs.submit(lambda ctx: release.wait(600) and None, kind="fit", description="a long fit")
+        try:
+            yield base, c
+        finally:
+            release.set()
+
+
+@pytest.fixture(scope="module")
+def browser():
+    yield from launch(sync_api)
+
+
+def _steered_ids(c: httpx.Client, eps: float) -> list[int]:
+    body = {"texts": ["anything"], "k": 10, "steers": {"tone": eps}}
+    r = c.post("/v1/indexes/idx-e5/search", headers=W, json=body)
+    assert r.status_code == 200, r.text
+    return [h["id"] for h in r.json()["results"][0]]
+
+
+class Gate:
+    """Holds the search requests made while ``closed``, lets the others through; ``release()`` lets the held ones
+    go on (those the page gave up are gone already) and returns once each has ended in the browser."""
+
+    def __init__(self, page, pattern: str):
+        self.page, self.closed, self.held, self.ended, self.fail = page, False, [], set(), False
+        page.on("requestfinished", lambda r: self.ended.add(r))
+        page.on("requestfailed", lambda r: self.ended.add(r))
+        page.route(pattern, self._route)
+
+    def _route(self, route) -> None:
+        if self.fail:
+            route.fulfill(status=500, content_type="text/html", body="<html><h1>Internal Server Error</h1></html>")
+        elif self.closed:
+            self.held.append(route)
+        else:
+            route.continue_()
+
+    def wait_held(self, n: int) -> None:
+        while len(self.held) < n:
+            self.page.wait_for_timeout(20)  # lets Playwright deliver the route events; no state is assumed
+
+    def release(self) -> None:
+        for r in self.held:
+            with contextlib.suppress(Exception):  # the page gave it up (aborted): nothing to continue
+                r.continue_()
+        while not all(r.request in self.ended for r in self.held):
+            self.page.wait_for_timeout(20)
+        # the page handled what arrived: a request made after those ended is answered after them
+        self.page.evaluate("async () => { await fetch(location.href); await new Promise(r => setTimeout(r)); }")
+
+
+def test_a_slow_older_steer_answer_never_replaces_the_latest(world, browser):
+    """Each ε change re-runs the steered search; ε 0.25's slower answer, arriving after ε 3's, was shown under
+    "ε = 3"; a failed re-run left the old hits under the new ε. Now the latest run's answer shows, labelled with
+    the ε it searched, and a failed run clears the hits."""
+    base, c = world
+    at3, at025 = _steered_ids(c, 3.0), _steered_ids(c, 0.25)
+    assert at3 != at025  # else the test could not tell the answers apart
+    t = Page.open(browser, base, "/ui/steer", READ_KEY)
+    pg = t.page
+    pg.get_by_label("index", exact=True).select_option("idx-e5")
+    pg.get_by_label("query", exact=True).fill("anything")
+    gate = Gate(pg, "**/v1/indexes/*/search")
+    gate.closed = True
+    pg.locator("#st-eps").focus()
+    pg.keyboard.press("ArrowRight")  # ε 0.25: its two searches are held
+    gate.wait_held(2)
+    gate.closed = False
+    pg.keyboard.press("End")  # ε 3: answered at once
+    pg.locator("#st-steered-h", has_text="ε = 3").wait_for()
+    pg.locator("#steered-hits li").nth(9).wait_for()
+    gate.release()  # ε 0.25's answers arrive last
+    shown = [int(x.split()[-1]) for x in pg.locator("#steered-hits li > span:first-child").all_inner_texts()]
+    assert shown == at3, (shown, at3, at025)
+    assert pg.locator("#st-steered-h").inner_text() == "ε = 3"
+    assert "at ε = 3 (steer tone, index idx-e5)" in pg.locator("#steer-summary").inner_text()
+
+    gate.fail = True
+    pg.keyboard.press("Home")  # ε -3: the service fails
+    pg.locator("#steer-msg", has_text="500").wait_for()
+    assert pg.locator("#steered-hits li").count() == 0 and pg.locator("#base-hits li").count() == 0
+    assert not pg.locator("#steer-summary").is_visible()
+    assert pg.locator("#st-steered-h").inner_text() == "ε ="
+    t.close(expect_errors=("status of 500",))
+
+
+def test_search_results_keep_the_labels_of_the_search_that_found_them(world, browser):
+    """Changing the query's model or the index after a search relabelled the old hits ("Through the map (minilm
+    model)" over e5's hits); the overlap said overlap@10 for k = 3; a hit both lists hold was marked by a tint
+    alone. Now the headings say what was searched, a changed input marks the results as the last search's, the
+    overlap is @k and a shared hit says so in words."""
+    base, _ = world
+    t = Page.open(browser, base, "/ui/search", READ_KEY)
+    pg = t.page
+    pg.get_by_label("index", exact=True).select_option("idx-e5")
+    pg.get_by_label("query's model (space)", exact=True).select_option("e5")
+    pg.get_by_label("query", exact=True).fill("anything")
+    pg.get_by_label("k", exact=True).fill("3")
+    pg.get_by_role("button", name="Search").click()
+    pg.locator("#overlap").wait_for(state="visible")
+    assert pg.locator("#overlap").inner_text().startswith("overlap@3: 3 / 3")
+    assert pg.locator("#mapped-hits li", has_text="found by both models").count() == 3
+    mapped = pg.locator("#mapped-h").inner_text()
+    assert "(e5 model)" in mapped and "idx-e5" in pg.locator("#native-h").inner_text()
+    hits = pg.locator("#native-hits").inner_text()
+    stale = pg.locator("#search-stale")
+    assert not stale.is_visible()
+    pg.get_by_label("query's model (space)", exact=True).select_option("minilm")  # no new search
+    stale.wait_for()
+    assert "query's model e5" in stale.inner_text() and "index idx-e5," in stale.inner_text()
+    assert pg.locator("#mapped-h").inner_text() == mapped
+    pg.get_by_label("index", exact=True).select_option("idx-e5b")
+    assert "idx-e5)" in pg.locator("#native-h").inner_text() and pg.locator("#native-hits").inner_text() == hits
+    pg.get_by_role("button", name="Search").click()  # the search asked for now: its own labels
+    pg.locator("#native-h", has_text="idx-e5b").wait_for()
+    stale.wait_for(state="hidden")
+    t.close(expect_errors=("status of 404",))
+
+
+def test_a_service_that_stops_answering_is_said_and_polled_one_request_at_a_time(world, browser):
+    """A hung service: the jobs page showed its last "running" row as live, with no word, and started a new poll
+    each second while none had answered. Now a poll waits for the last one, gives up after VB.timeoutSeconds and
+    says so, and the page goes on polling: it recovers when the service answers again."""
+    base, _ = world
+    t = Page.open(browser, base, "/ui/jobs", READ_KEY)
+    pg = t.page
+    pg.locator("#jobs tbody tr", has_text="running").first.wait_for()
+    pg.evaluate("VB.timeoutSeconds = 2")
+    flight = {"now": 0, "most": 0}
+
+    def began(r):
+        if "/v1/jobs" in r.url:
+            flight["now"] += 1
+            flight["most"] = max(flight["most"], flight["now"])
+
+    def ended(r):
+        if "/v1/jobs" in r.url:
+            flight["now"] -= 1
+
+    pg.on("request", began)
+    pg.on("requestfinished", ended)
+    pg.on("requestfailed", ended)
+    held = []
+    pg.route("**/v1/jobs?*", lambda route: held.append(route))  # the service stops answering
+    alert = pg.locator("main [role=alert]", has_text="the service did not answer in 2 s")
+    alert.wait_for(timeout=30_000)
+    while len(held) < 2:  # it went on polling after giving the first poll up
+        pg.wait_for_timeout(50)
+    assert flight["most"] == 1, flight
+    pg.unroute("**/v1/jobs?*")  # answering again
+    alert.wait_for(state="hidden")
+    assert pg.locator("#jobs tbody tr", has_text="running").count() >= 1
+    t.close(expect_errors=("ERR_", "net::"))
+
