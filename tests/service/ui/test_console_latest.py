@@ -226,3 +226,22 @@ def test_a_service_that_stops_answering_is_said_and_polled_one_request_at_a_time
     assert pg.locator("#jobs tbody tr", has_text="running").count() >= 1
     t.close(expect_errors=("ERR_", "net::"))
 
+
+def test_a_map_opened_by_keyboard_takes_focus_to_its_versions_past_every_space(world, browser):
+    """With many spaces, each one's Delete button came before the versions in tab order (1,016 Tab presses to
+    "Move alias" with 1,000 spaces), and Enter on a map's name said nothing. Now focus moves to the versions'
+    heading, a polite live region says they loaded, and the alias form is a few Tabs on, whatever the spaces."""
+    base, _ = world
+    t = Page.open(browser, base, "/ui/registry", READ_KEY)
+    pg = t.page
+    pg.locator("#spaces tbody tr").nth(FILLER).wait_for()
+    pg.get_by_role("button", name="a2b").focus()
+    pg.keyboard.press("Enter")
+    pg.locator("#registry-announce", has_text="versions of a2b loaded: 1 version").wait_for()
+    assert pg.evaluate("document.activeElement.id") == "versions-h"
+    presses = 0
+    while pg.evaluate("document.activeElement.textContent.trim()") != "Move alias" and presses < 3 * FILLER:
+        pg.keyboard.press("Tab")
+        presses += 1
+    assert presses <= 5, presses
+    t.close()
