@@ -172,6 +172,8 @@ function keyBar() {
         bad[0].codePointAt(0).toString(16).toUpperCase().padStart(4, "0")}) at character ${bad.index + 1}` : "";
       if (bad) return;
       this.draft = ""; VB.setKey(k);
+      // the key form hides once a key is set: focus went to <body>; the page's content takes it
+      this.$nextTick(() => { const m = document.getElementById("main"); if (m) m.focus(); });
     },
     // Forgetting the key signs this tab out: reloaded, the page holds nothing the key let it read
     forget() { VB.forgetKey(); location.reload(); },
@@ -374,6 +376,8 @@ function registryPage() {
        said in words). */
     deleteText(s) { return this.confirming === s.name ? "Confirm delete" : "Delete"; },
     deleteLabel(s) { return `${this.deleteText(s)} space ${s.name}`; },
+    /* An armed Delete (it says "Confirm delete") is disarmed by Escape or by focus leaving it: it stayed armed. */
+    disarm(name) { if (this.confirming === name) this.confirming = ""; },
     async deleteSpace(name) {
       if (this.confirming !== name) { this.confirming = name; this.spaceMsg = ""; return; }
       this.confirming = "";
@@ -475,10 +479,14 @@ function jobsPage() {
     },
     progressLabel(j) { return `progress of job ${this.shortId(j)}`; },
     cancelLabel(j) { return `cancel job ${this.shortId(j)}`; },
+    /* The Cancel button goes with the job's live state: focus, which fell to <body>, moves to the message. */
     async cancel(j) {
       this.cancelMsg = "";
-      try { await VB.api(`/v1/jobs/${j.id}`, { method: "DELETE" }); this.cancelMsg = `cancel requested for ${j.id}`; await this.load(); }
-      catch (e) { this.cancelMsg = VB.say(e); }
+      try {
+        await VB.api(`/v1/jobs/${j.id}`, { method: "DELETE" }); this.cancelMsg = `cancel requested for ${j.id}`;
+        await this.load();
+      } catch (e) { this.cancelMsg = VB.say(e); }
+      this.$nextTick(() => this.$refs.cancelMsg && this.$refs.cancelMsg.focus());
     },
   });
 }

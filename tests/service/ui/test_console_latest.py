@@ -21,7 +21,7 @@ from _api_support import W, planted, settings_for
 from _browser import CHROMIUM, Page, launch
 from _servers import serve_in_thread
 
-READ_KEY = "rkey-123"
+READ_KEY, WRITE_KEY = "rkey-123", "wkey-456"
 FILLER = 40  # spaces listed in the registry, each with a Delete button
 
 sync_api = pytest.importorskip("playwright.sync_api", reason="pip install playwright (the dev extra)")
@@ -74,7 +74,7 @@ def world(tmp_path_factory):
         assert _done(c, r.json()["id"])["state"] == "succeeded"
         app.state.vb.jobs.submit(lambda ctx: release.wait(600) and None, kind="fit", description="a long fit")
         try:
-            yield base, c
+            yield base, c, app
         finally:
             release.set()
 
@@ -127,7 +127,7 @@ def test_a_slow_older_steer_answer_never_replaces_the_latest(world, browser):
     """Each ε change re-runs the steered search; ε 0.25's slower answer, arriving after ε 3's, was shown under
     "ε = 3"; a failed re-run left the old hits under the new ε. Now the latest run's answer shows, labelled with
     the ε it searched, and a failed run clears the hits."""
-    base, c = world
+    base, c, _ = world
     at3, at025 = _steered_ids(c, 3.0), _steered_ids(c, 0.25)
     assert at3 != at025  # else the test could not tell the answers apart
     t = Page.open(browser, base, "/ui/steer", READ_KEY)
@@ -163,7 +163,7 @@ def test_search_results_keep_the_labels_of_the_search_that_found_them(world, bro
     model)" over e5's hits); the overlap said overlap@10 for k = 3; a hit both lists hold was marked by a tint
     alone. Now the headings say what was searched, a changed input marks the results as the last search's, the
     overlap is @k and a shared hit says so in words."""
-    base, _ = world
+    base, _, _ = world
     t = Page.open(browser, base, "/ui/search", READ_KEY)
     pg = t.page
     pg.get_by_label("index", exact=True).select_option("idx-e5")
@@ -195,7 +195,7 @@ def test_a_service_that_stops_answering_is_said_and_polled_one_request_at_a_time
     """A hung service: the jobs page showed its last "running" row as live, with no word, and started a new poll
     each second while none had answered. Now a poll waits for the last one, gives up after VB.timeoutSeconds and
     says so, and the page goes on polling: it recovers when the service answers again."""
-    base, _ = world
+    base, _, _ = world
     t = Page.open(browser, base, "/ui/jobs", READ_KEY)
     pg = t.page
     pg.locator("#jobs tbody tr", has_text="running").first.wait_for()
@@ -231,7 +231,7 @@ def test_a_map_opened_by_keyboard_takes_focus_to_its_versions_past_every_space(w
     """With many spaces, each one's Delete button came before the versions in tab order (1,016 Tab presses to
     "Move alias" with 1,000 spaces), and Enter on a map's name said nothing. Now focus moves to the versions'
     heading, a polite live region says they loaded, and the alias form is a few Tabs on, whatever the spaces."""
-    base, _ = world
+    base, _, _ = world
     t = Page.open(browser, base, "/ui/registry", READ_KEY)
     pg = t.page
     pg.locator("#spaces tbody tr").nth(FILLER).wait_for()
@@ -245,3 +245,37 @@ def test_a_map_opened_by_keyboard_takes_focus_to_its_versions_past_every_space(w
         presses += 1
     assert presses <= 5, presses
     t.close()
+
+
+def test_focus_and_words_a_keyboard_or_screen_reader_user_had_lost(world, browser):
+    """Focus fell to <body> after "Use key" (its form hides) and after Cancel on the jobs page; a job's full id was
+    only in a hover title; an armed Delete stayed armed whatever the user did next; the 401 panel named
+    VECBRIDGE_API_KEYS alone, though keys may come from the file VECBRIDGE_API_KEYS_FILE names."""
+    base, _, app = world
+    t = Page(browser, base)
+    t.goto("/ui/registry")
+    assert "VECBRIDGE_API_KEYS_FILE" in t.page.locator("#unauthorized").inner_text()
+    t.login(READ_KEY)
+    t.page.wait_for_function("() => document.activeElement.id === 'main'")
+    delete = t.page.get_by_role("button", name="Delete space filler-00")
+    delete.click()
+    armed = t.page.get_by_role("button", name="Confirm delete space filler-00")
+    armed.wait_for()
+    t.page.keyboard.press("Escape")
+    delete.wait_for()
+    assert armed.count() == 0
+    t.close()
+
+    release = threading.Event()
+    job, _ = app.state.vb.jobs.submit(lambda ctx: release.wait(600) and None, kind="fit", description="to cancel")
+    try:
+        t = Page.open(browser, base, "/ui/jobs", WRITE_KEY)
+        row = t.page.locator(f"tr[data-job='{job.id}']")
+        row.wait_for()
+        assert job.id in row.inner_text()  # the whole id, not only its first 8 characters
+        row.get_by_role("button", name=f"cancel job {job.id[:8]}").click()
+        t.page.locator("#cancel-msg", has_text="cancel requested").wait_for()
+        t.page.wait_for_function("() => document.activeElement.id === 'cancel-msg'")
+        t.close()
+    finally:
+        release.set()
