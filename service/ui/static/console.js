@@ -513,6 +513,7 @@ function searchPage() {
     async run() {
       const ctl = this.supersede();
       this.searchMsg = ""; this.native = this.mapped = null; this.overlap = null; this.asked = null; this.stale = false;
+      this.busy = false;  // a search given up above ends here, not in its own finally
       if (!this.index) { this.searchMsg = "no index to search yet: create one (POST /v1/indexes, API docs)"; return; }
       if (!this.query.trim()) { this.searchMsg = "type a query first"; return; }
       const asked = { index: this.index, native: this.indexSpace(), space: this.space, k: Number(this.k) };
@@ -612,7 +613,7 @@ function steerPage() {
        showed ε = 0.25's hits under "ε = 3"), labelled with the ε and steer it searched; a failed run clears them. */
     async run() {
       const ctl = this.supersede();
-      this.steerMsg = "";
+      this.steerMsg = ""; this.busy = false;  // a run given up above ends here, not in its own finally
       if (!this.index) { this.clearResults(); this.steerMsg = "no index lives in this steer's space"; return; }
       if (!this.query.trim()) { this.clearResults(); this.steerMsg = "type a query first"; return; }
       const ask = { ...this.question(), eps: Number(this.eps) };
