@@ -279,3 +279,28 @@ def test_focus_and_words_a_keyboard_or_screen_reader_user_had_lost(world, browse
         t.close()
     finally:
         release.set()
+
+
+
+def test_a_steer_run_given_up_for_one_refused_at_once_leaves_the_button_ready(world, browser):
+    """A steered search still unanswered when an ε change starts one refused at once (a blank query): the page gave
+    the first up, and the Search button must not stay busy ("Searching…", disabled) waiting for it."""
+    base, _, _ = world
+    t = Page.open(browser, base, "/ui/steer", READ_KEY)
+    pg = t.page
+    pg.get_by_label("index", exact=True).select_option("idx-e5")
+    pg.get_by_label("query", exact=True).fill("anything")
+    gate = Gate(pg, "**/v1/indexes/*/search")
+    gate.closed = True
+    pg.locator("#st-eps").focus()
+    pg.keyboard.press("ArrowRight")
+    gate.wait_held(2)
+    button = pg.locator("#steer-form button[type=submit]")
+    assert button.inner_text() == "Searching…" and button.get_attribute("aria-busy") == "true"
+    pg.get_by_label("query", exact=True).fill("   ")
+    pg.locator("#st-eps").focus()
+    pg.keyboard.press("ArrowRight")
+    pg.locator("#steer-msg", has_text="type a query first").wait_for()
+    gate.release()
+    assert button.is_enabled() and button.inner_text() == "Search"
+    t.close()
