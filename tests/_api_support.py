@@ -6,6 +6,7 @@ and ``b2c`` (ridge, 16 -> 12), so ``a -> c`` needs a composed path.
 
 from __future__ import annotations
 
+import base64
 import socket
 import time
 from contextlib import contextmanager
@@ -25,6 +26,12 @@ def settings_for(tmp_path, **kw) -> Settings:
     base = dict(data_dir=tmp_path / "data", api_keys=KEYS, demo_on_empty=False, log_level="WARNING")
     base.update(kw)
     return Settings(**base)
+
+
+def vectors_b64(X: np.ndarray) -> dict:
+    """The JSON fields of rows ``X`` sent as base64 float32: ``{"vectors_b64": ..., "dim": ...}``."""
+    X = np.ascontiguousarray(X, dtype="<f4")
+    return {"vectors_b64": base64.b64encode(X.tobytes()).decode(), "dim": int(X.shape[1])}
 
 
 def planted(n: int = 600, seed: int = 0):

@@ -9,16 +9,15 @@ a DOM state, or for the held requests to end and the page to have handled them (
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import threading
-import time
 
 import httpx
 import numpy as np
 import pytest
-from _api_support import W, planted, settings_for
+from _api_support import W, planted, settings_for, vectors_b64
 from _browser import CHROMIUM, Page, launch
+from _jobs_support import wait_http_job
 from _servers import serve_in_thread
 
 READ_KEY, WRITE_KEY = "rkey-123", "wkey-456"
@@ -26,21 +25,6 @@ FILLER = 40  # spaces listed in the registry, each with a Delete button
 
 sync_api = pytest.importorskip("playwright.sync_api", reason="pip install playwright (the dev extra)")
 pytestmark = pytest.mark.skipif(not CHROMIUM.exists(), reason="Debian chromium not installed")
-
-
-def _b64(X: np.ndarray) -> dict:
-    X = np.ascontiguousarray(X, dtype="<f4")
-    return {"vectors_b64": base64.b64encode(X.tobytes()).decode(), "dim": int(X.shape[1])}
-
-
-def _done(c: httpx.Client, job: str) -> dict:
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        j = c.get(f"/v1/jobs/{job}", headers=W).json()
-        if j["state"] not in ("queued", "running"):
-            return j
-        time.sleep(0.1)
-    raise AssertionError(f"job {job} did not finish: {j}")
 
 
 @pytest.fixture(scope="module")
@@ -62,16 +46,16 @@ def world(tmp_path_factory):
                       {"name": "b", "dim": 16}, *({"name": f"filler-{i:02d}", "dim": 4} for i in range(FILLER))):
             assert c.post("/v1/spaces", headers=W, json=space).status_code == 201, space
         fit = {"name": "a2b", "source_space": "a", "target_space": "b", "method": "procrustes", "paired": True,
-               "source": _b64(X), "target": _b64(Y)}
-        assert _done(c, c.post("/v1/fits", headers=W, json=fit).json()["id"])["state"] == "succeeded"
+               "source": vectors_b64(X), "target": vectors_b64(Y)}
+        assert wait_http_job(c, c.post("/v1/fits", headers=W, json=fit).json()["id"], 300, W)["state"] == "succeeded"
         for name, rows in (("idx-e5", E), ("idx-e5b", E[::-1].copy())):
             r = c.post("/v1/indexes", headers=W, json={
-                "name": name, "space": "e5", "kind": "flat", **_b64(rows),
+                "name": name, "space": "e5", "kind": "flat", **vectors_b64(rows),
                 "payloads": [{"text": f"{name} row {i}", "label": y} for i, y in enumerate(labels)]})
             assert r.status_code == 201, r.text
         r = c.post("/v1/steers", headers=W, json={"name": "tone", "space": "e5", "labels": labels,
-                                                  "params": {"method": "mean-shift"}, **_b64(E)})
-        assert _done(c, r.json()["id"])["state"] == "succeeded"
+                                                  "params": {"method": "mean-shift"}, **vectors_b64(E)})
+        assert wait_http_job(c, r.json()["id"], 300, W)["state"] == "succeeded"
         app.state.vb.jobs.submit(lambda ctx: release.wait(600) and None, kind="fit", description="a long fit")
         try:
             yield base, c, app
@@ -123,6 +107,19 @@ class Gate:
         self.page.evaluate("async () => { await fetch(location.href); await new Promise(r => setTimeout(r)); }")
 
 
+def _steer_run_held(base: str, browser) -> tuple[Page, Gate]:
+    """The steer page with a query, its ε moved by one step (to 0.25) by keyboard: that run's two searches held."""
+    t = Page.open(browser, base, "/ui/steer", READ_KEY)
+    t.page.get_by_label("index", exact=True).select_option("idx-e5")
+    t.page.get_by_label("query", exact=True).fill("anything")
+    gate = Gate(t.page, "**/v1/indexes/*/search")
+    gate.closed = True
+    t.page.locator("#st-eps").focus()
+    t.page.keyboard.press("ArrowRight")
+    gate.wait_held(2)
+    return t, gate
+
+
 def test_a_slow_older_steer_answer_never_replaces_the_latest(world, browser):
     """Each ε change re-runs the steered search; ε 0.25's slower answer, arriving after ε 3's, was shown under
     "ε = 3"; a failed re-run left the old hits under the new ε. Now the latest run's answer shows, labelled with
@@ -130,15 +127,8 @@ def test_a_slow_older_steer_answer_never_replaces_the_latest(world, browser):
     base, c, _ = world
     at3, at025 = _steered_ids(c, 3.0), _steered_ids(c, 0.25)
     assert at3 != at025  # else the test could not tell the answers apart
-    t = Page.open(browser, base, "/ui/steer", READ_KEY)
+    t, gate = _steer_run_held(base, browser)
     pg = t.page
-    pg.get_by_label("index", exact=True).select_option("idx-e5")
-    pg.get_by_label("query", exact=True).fill("anything")
-    gate = Gate(pg, "**/v1/indexes/*/search")
-    gate.closed = True
-    pg.locator("#st-eps").focus()
-    pg.keyboard.press("ArrowRight")  # ε 0.25: its two searches are held
-    gate.wait_held(2)
     gate.closed = False
     pg.keyboard.press("End")  # ε 3: answered at once
     pg.locator("#st-steered-h", has_text="ε = 3").wait_for()
@@ -286,15 +276,8 @@ def test_a_steer_run_given_up_for_one_refused_at_once_leaves_the_button_ready(wo
     """A steered search still unanswered when an ε change starts one refused at once (a blank query): the page gave
     the first up, and the Search button must not stay busy ("Searching…", disabled) waiting for it."""
     base, _, _ = world
-    t = Page.open(browser, base, "/ui/steer", READ_KEY)
+    t, gate = _steer_run_held(base, browser)
     pg = t.page
-    pg.get_by_label("index", exact=True).select_option("idx-e5")
-    pg.get_by_label("query", exact=True).fill("anything")
-    gate = Gate(pg, "**/v1/indexes/*/search")
-    gate.closed = True
-    pg.locator("#st-eps").focus()
-    pg.keyboard.press("ArrowRight")
-    gate.wait_held(2)
     button = pg.locator("#steer-form button[type=submit]")
     assert button.inner_text() == "Searching…" and button.get_attribute("aria-busy") == "true"
     pg.get_by_label("query", exact=True).fill("   ")
