@@ -29,6 +29,7 @@ import numpy as np
 
 from align.coverage import keep_native_rows
 from align.exceptions import (
+    DegenerateInputError,
     DimensionMismatchError,
     InputError,
     NonFiniteError,
@@ -157,6 +158,10 @@ def check_keep(ids, vectors, dim: int) -> tuple[np.ndarray, np.ndarray]:
     if bad.any():
         raise NonFiniteError(f"the keep vectors hold {int(bad.sum())} row(s) with NaN or Inf (ids "
                              f"{arr[bad][:10].tolist()}): a kept row is written as given")
+    zero = ~vec.any(axis=1)  # refused here, before anything is written (align.keep_native_rows, a batch later: mid-run)
+    if zero.any():
+        raise DegenerateInputError(f"the keep vectors hold {int(zero.sum())} all-zero row(s) (ids "
+                                   f"{arr[zero][:10].tolist()}): a zero vector has no direction to keep")
     _no_twice(arr)
     return arr, vec
 

@@ -159,6 +159,7 @@ def test_ids_one_per_line_are_read_as_the_collection_keys_them(capsys, world):
     ("nan", "1 row\\(s\\) (contain|with) NaN or Inf"),
     ("duplicate", "list 1 id\\(s\\) more than once"),
     ("dry run", "hold 7 rows but the keep ids list 8"),
+    ("zero", "1 all-zero row\\(s\\)"),  # was refused a batch later, mid-run, the target half written
 ])
 def test_bad_keep_input_exits_2_with_a_message_and_creates_nothing(capsys, world, case, match):
     w = world
@@ -173,6 +174,11 @@ def test_bad_keep_input_exits_2_with_a_message_and_creates_nothing(capsys, world
     elif case == "nan":
         bad = Y.copy()
         bad[2, 5] = np.nan
+        np.save(d / "bad.npy", bad)
+        vectors = d / "bad.npy"
+    elif case == "zero":
+        bad = Y.copy()
+        bad[6] = 0.0  # the last kept row of the source: its batch comes after others are written
         np.save(d / "bad.npy", bad)
         vectors = d / "bad.npy"
     elif case == "duplicate":
