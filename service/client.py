@@ -612,7 +612,8 @@ class Client(APICalls, SyncDriven, driver="sync"):
 {_PARAMETERS}
     The client is a context manager; :meth:`close` releases its connections. :class:`AsyncClient` has the same
     methods as coroutines. A process forked after it was used (a ``fork`` process pool) gets connections of its
-    own; pickling (a ``spawn`` pool) and ``copy`` rebuild it from its settings, API key included.
+    own (not with a ``transport=`` of yours: its pool is shared, so make the client in each process); pickling (a
+    ``spawn`` pool) and ``copy`` rebuild it from its settings, API key included.
     """
 
     def __init__(self, base_url: str, api_key: str | None = None, *, timeout: float = 60.0, page_size: int = 500,

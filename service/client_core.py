@@ -251,7 +251,8 @@ class Calls:
     """The calls of a vecbridge client as generators (module docstring), and the plumbing they share.
 
     ``class C(Calls, driver="sync" | "async")`` replaces every :func:`call` generator by its driven method;
-    the subclass sets ``self._http`` (an ``httpx.Client`` or ``httpx.AsyncClient``) and calls :meth:`_setup`.
+    the subclass calls :meth:`_setup`, which keeps its settings and opens ``self._http`` (an ``httpx.Client`` or
+    ``httpx.AsyncClient``, its class's ``_HTTP``).
     """
 
     _http: Any

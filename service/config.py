@@ -233,7 +233,7 @@ class Settings(BaseSettings):
             raise ValueError(f"must be 0 (no limit) or at least 0.001 (1 ms), got {s:g}")
         return s
 
-    @field_validator("data_dir", "artifact_dir", "report_dir")
+    @field_validator("data_dir", "artifact_dir", "report_dir", "vectordb_ca_file")
     @classmethod
     def _expand_home(cls, path: Path | None) -> Path | None:  # `~/vb` (not expanded by the shell: `--data-dir=~/vb`,
         return None if path is None else path.expanduser()    # an env file) was a folder named '~' in the cwd

@@ -279,10 +279,10 @@ _NO_ARGS_IS_HELP = getattr(click.exceptions, "NoArgsIsHelpError", ())
 
 
 def _lenient_outputs() -> None:
-    """stdout / stderr write what their encoding cannot hold as a backslash escape (``\\u2194``) instead of failing:
-    under ``PYTHONIOENCODING=latin-1`` (or cp1252, an ISO-8859 locale) ``fit --help`` (its "↔"), ``plan``'s "≈" and a
-    description with an emoji were "internal error: UnicodeEncodeError", exit 3; so was a lone surrogate on a UTF-8
-    stdout. A stream set up otherwise (``surrogateescape`` under the C locale, a caller's own) is left alone."""
+    """stdout / stderr write what their encoding cannot hold as a backslash escape (``\\u2194``), not failing:
+    under ``PYTHONIOENCODING=latin-1`` (or cp1252, an ISO-8859 locale) ``fit --help`` (its "↔"), ``plan``'s "≈"
+    and a description with an emoji were "internal error: UnicodeEncodeError", exit 3; so was a lone surrogate on
+    a UTF-8 stdout. A stream set up otherwise (``surrogateescape`` under the C locale, a caller's own) is left alone."""
     for stream in (sys.stdout, sys.stderr):
         if getattr(stream, "errors", None) == "strict" and hasattr(stream, "reconfigure"):
             with suppress(ValueError, OSError):  # closed, or not a text stream after all

@@ -284,8 +284,11 @@ def test_a_home_folder_tilde_is_expanded_in_data_dir_and_a_sqlite_url(clean_env,
     assert code == 0 and f"no registry at {home / 'vb' / 'registry.sqlite'} yet" in err, err
     clean_env.setenv("VECBRIDGE_DATA_DIR", "~/env-vb")
     clean_env.setenv("VECBRIDGE_ARTIFACT_DIR", "~/art")
+    clean_env.setenv("VECBRIDGE_VECTORDB_CA_FILE", "~/ca.pem")  # was read as the relative path '~/ca.pem'
     s = load_settings()
     assert s.data_dir == home / "env-vb" and s.resolved_artifact_dir() == home / "art"
+    assert s.vectordb_ca_file == home / "ca.pem"
+    clean_env.delenv("VECBRIDGE_VECTORDB_CA_FILE")
     code, _, err = run_cli(capsys, "--registry-url", "sqlite:///~/reg.sqlite", "registry", "list")
     assert code == 0 and f"no registry at {home / 'reg.sqlite'} yet" in err, err
     assert not (work / "~").exists()
