@@ -23,12 +23,14 @@ const VB = {
   /* A request can be answered now: a key is set, or none is needed. */
   canCall() { return !!VB.key() || !VB.authRequired(); },
 
-  /* Seconds a request may go unanswered: then it is given up and the page says so (a poll tries again). */
+  /* Seconds a request may go unanswered: then it is given up and the page says so (a poll tries again). A call
+   * that may rightly take longer passes its own `timeout` (the first LM generate loads the model: ~17-30 s). */
   timeoutSeconds: 20,
+  lmTimeoutSeconds: 300,
 
   /* Call the API; resolves to the parsed JSON (or text), rejects with {status, type, message}. `signal` (an
    * AbortSignal) gives the request up: it rejects with {aborted: true}, which a page drops (a newer one runs). */
-  async api(path, { method = "GET", body = undefined, text = false, signal = undefined } = {}) {
+  async api(path, { method = "GET", body = undefined, text = false, signal = undefined, timeout = undefined } = {}) {
     const headers = { Accept: text ? "text/html" : "application/json" };
     const k = VB.key();
     if (k) headers.Authorization = "Bearer " + k;
@@ -42,7 +44,7 @@ const VB = {
     if (body !== undefined) headers["Content-Type"] = "application/json";
     // a hung service left the page showing what it last read as live, and each poll added a request that never
     // ended: after timeoutSeconds the request is given up and the page says the service did not answer
-    const secs = VB.timeoutSeconds, ctl = new AbortController();
+    const secs = timeout === undefined ? VB.timeoutSeconds : timeout, ctl = new AbortController();
     let late = false;
     const timer = setTimeout(() => { late = true; ctl.abort(); }, secs * 1000);
     const giveUp = () => ctl.abort();
@@ -536,8 +538,9 @@ function searchPage() {
         }
       } finally { if (this.latest(ctl)) this.busy = false; }
     },
-    /* An input changed since the results shown were asked for: they are marked as the last search's. */
-    changed() { if (this.asked) this.stale = true; },
+    /* An input changed since the results shown were asked for: they are marked as the last search's. Also while
+       a search is on its way (its answer then comes marked: it answers the form as it was when Search was pressed). */
+    changed() { if (this.asked || this.busy) this.stale = true; },
     indexChanged() { this.pickDefaultSpace(); this.changed(); },
     staleText() {
       const a = this.asked;
@@ -668,10 +671,10 @@ function steerPage() {
       this.lmMsg = ""; this.genText = ""; this.tokens = [];
       this.busy = true;
       try {
-        const g = await VB.api("/v1/lm/generate", { method: "POST",
+        const g = await VB.api("/v1/lm/generate", { method: "POST", timeout: VB.lmTimeoutSeconds,
           body: { prompt: this.prompt, steers: { [this.steer]: Number(this.eps) }, max_new_tokens: 24 } });
         this.genText = g.text; this.lmModel = g.model; this.lmEps = Number(this.eps);
-        const a = await VB.api("/v1/lm/analyze", { method: "POST",
+        const a = await VB.api("/v1/lm/analyze", { method: "POST", timeout: VB.lmTimeoutSeconds,
           body: { steer: this.steer, text: VB.join(this.prompt, g.text), eps: Math.abs(Number(this.eps)) || 1.0 } });
         this.tokens = a.tokens;
       } catch (e) { this.lmMsg = VB.say(e); } finally { this.busy = false; }

@@ -181,6 +181,29 @@ def test_search_results_keep_the_labels_of_the_search_that_found_them(world, bro
     t.close(expect_errors=("status of 404",))
 
 
+def test_an_input_changed_while_the_search_runs_marks_its_answer_as_the_last_searchs(world, browser):
+    """The form changed while the search was on its way: the answer came unmarked, under the old index's headings,
+    beside a form asking for another index and query."""
+    base, _, _ = world
+    t = Page.open(browser, base, "/ui/search", READ_KEY)
+    pg = t.page
+    pg.get_by_label("index", exact=True).select_option("idx-e5")
+    pg.get_by_label("query", exact=True).fill("anything")
+    gate = Gate(pg, "**/v1/indexes/*/search")
+    gate.closed = True
+    pg.get_by_role("button", name="Search").click()
+    gate.wait_held(2)
+    pg.get_by_label("query", exact=True).fill("something else entirely")
+    pg.get_by_label("index", exact=True).select_option("idx-e5b")
+    gate.closed = False
+    gate.release()
+    pg.locator("#native-h", has_text="idx-e5").wait_for()
+    stale = pg.locator("#search-stale")
+    stale.wait_for()
+    assert "index idx-e5," in stale.inner_text()
+    t.close(expect_errors=("status of 404",))
+
+
 def test_a_service_that_stops_answering_is_said_and_polled_one_request_at_a_time(world, browser):
     """A hung service: the jobs page showed its last "running" row as live, with no word, and started a new poll
     each second while none had answered. Now a poll waits for the last one, gives up after VB.timeoutSeconds and
