@@ -54,7 +54,7 @@ def list_jobs(jobs: JobManager, limit: int | None = None, after=None, *, newest:
     ``kinds``: only the jobs in one of those states / of one of those kinds (the counts still count every job).
     """
     if after is not None:
-        after = _cursor_key(after, newest)
+        after = _cursor_seq(after, newest)
     if limit is None:
         return [j.to_dict() for j in jobs.list(states, kinds)], jobs.counts()
     return [j.to_dict() for j in jobs.page(limit, after, newest=newest, states=states, kinds=kinds)], jobs.counts()
@@ -69,7 +69,7 @@ def cursor_key(record: dict, newest: bool) -> tuple:
     return ("seq", record["seq"], "newest") if newest else ("seq", record["seq"])
 
 
-def _cursor_key(after, newest: bool) -> int:
+def _cursor_seq(after, newest: bool) -> int:
     """The ``seq`` of a decoded cursor (:func:`cursor_key`). Made under the other order: an InputError saying which
     (it would walk the other way); made by a release that paged by ``(created_at, id)``, or of another shape: an
     InputError, not this list's."""
