@@ -7,8 +7,6 @@ import inspect
 import tomllib
 from pathlib import Path
 
-import pytest
-
 from service.client import AsyncClient, Client
 
 ROOT = Path(__file__).resolve().parents[2]
