@@ -44,11 +44,12 @@ META_KEY = "__meta__"
 T = TypeVar("T")
 #: metadata keys that vary between two runs of the same fit (wall-clock seconds, the executor that ran it):
 #: kept in memory, not written into an artifact where vecbridge records a fit (:data:`FIT_RECORDS`; module docstring)
-VOLATILE_KEYS = frozenset({"seconds", "fit_seconds", "timings", "executor"})
+VOLATILE_KEYS = frozenset({"seconds", "fit_seconds", "timings", "executor", "worker_peak_rss_mb"})
 #: the top-level metadata entries that are vecbridge's own records of a fit (MiniVec2Vec's diagnostics, with the
-#: executor a service adds; fit_migration's candidate selection; the Sinkhorn refinement's rounds): the only places,
-#: besides a top-level ``fit_seconds``, whose :data:`VOLATILE_KEYS` are left out of an artifact
-FIT_RECORDS = frozenset({"diagnostics", "selection", "semi_supervised"})
+#: executor a service adds; fit_migration's candidate selection; the Sinkhorn refinement's rounds; a sharded fit's
+#: ``distributed`` record, whose workers' peak memory varies run to run): the only places, besides a top-level
+#: ``fit_seconds``, whose :data:`VOLATILE_KEYS` are left out of an artifact
+FIT_RECORDS = frozenset({"diagnostics", "selection", "semi_supervised", "distributed"})
 #: where vecbridge nests another object's metadata (an inverse's ``of``, a composition's or chain's ``parts``, a
 #: composed steer's ``parts[i]["metadata"]``): read as metadata of its own
 _NESTED = ("of", "parts", "metadata")

@@ -123,6 +123,20 @@ def test_sharded_stats_equal_one_pass_for_any_split(n, cuts, seed):
     assert stats.n == n and fs.n_fit == n
 
 
+def test_a_sharded_fit_writes_the_same_bytes_whatever_its_workers_peak_memory():
+    """Two same-seed sharded fits differ only in ``metadata["distributed"]["worker_peak_rss_mb"]`` (the workers'
+    peak memory, another on every run), and that gave them different artifact bytes: another sha256 and file in the
+    content-addressed store for one map. The fitted object keeps it in memory."""
+    X, Y = _planted(200, 6, 5)
+    shards = [(X[:120], Y[:120]), (X[120:], Y[120:])]
+    a, b = D.fit_stats_local(shards), D.fit_stats_local(shards)
+    b.metadata["distributed"]["worker_peak_rss_mb"] = a.metadata["distributed"]["worker_peak_rss_mb"] + 17.0
+    assert a.to_bytes() == b.to_bytes()
+    assert "worker_peak_rss_mb" in b.metadata["distributed"]
+    again = align.LinearMap.from_bytes(b.to_bytes())
+    assert again.metadata["distributed"]["n_shards"] == 2 and "worker_peak_rss_mb" not in again.metadata["distributed"]
+
+
 def test_bad_shards_raise_typed_errors(ray_local):
     X, Y = _planted(100, 6, 5)
     with pytest.raises(EmptyInputError):
