@@ -19,16 +19,16 @@ from ..registry import names as rules
 __all__ = ["AliasName", "AliasPath", "IndexName", "IndexNamePath", "Name", "NamePath", "Ref", "RefPath"]
 
 _NAME = {"type": "string", "minLength": 1, "maxLength": rules.MAX_NAME, "pattern": rules.NAME_PATTERN,
-         "description": f"A name: letters, digits, '.', '_', '-' and '->', at most {rules.MAX_NAME} characters, not "
-                        "starting with '.' or '-', no '..'."}
+         "description": f"A name: ASCII letters, digits, '.', '_', '-' and '->', at most {rules.MAX_NAME} "
+                        "characters, not starting with '.' or '-', no '..'."}
 _ALIAS = {"type": "string", "minLength": 1, "maxLength": rules.MAX_ALIAS, "pattern": rules.ALIAS_PATTERN,
-          "description": f"An alias: a letter or '_', then letters, digits, '.', '_', '-' (no '..'), at most "
+          "description": f"An alias: an ASCII letter or '_', then letters, digits, '.', '_', '-' (no '..'), at most "
                          f"{rules.MAX_ALIAS} characters."}
 _REF = {"type": "string", "minLength": 1, "maxLength": rules.MAX_REF, "pattern": rules.REF_PATTERN,
         "description": "A reference: `name`, `name@alias` or `name:N`."}
 _INDEX = {"type": "string", "pattern": f"^(?:{NAME_RE.pattern})$",
-          "description": "An index name: a letter or digit, then letters, digits, '.', '_', '-' (the pattern bounds "
-                         "its length)."}
+          "description": "An index name: an ASCII letter or digit, then letters, digits, '.', '_', '-' (the pattern "
+                         "bounds its length)."}
 
 Name = Annotated[str, WithJsonSchema(_NAME)]
 AliasName = Annotated[str, WithJsonSchema(_ALIAS)]

@@ -60,7 +60,7 @@ def check_name(name, what: str = "name") -> str:
         raise InvalidNameError(f"{what} {shown(name)} is longer than {MAX_NAME} characters")
     if ".." in name or not _NAME.fullmatch(name):
         raise InvalidNameError(
-            f"{what} {shown(name)} is not allowed: use letters, digits, '.', '_', '-' and '->' "
+            f"{what} {shown(name)} is not allowed: use ASCII letters, digits, '.', '_', '-' and '->' "
             "(no path separators, no '..', not starting with '.' or '-')")
     return name
 
@@ -69,7 +69,7 @@ def check_alias(alias) -> str:
     """Aliases: a letter or '_' first, then ``[A-Za-z0-9._-]``; purely numeric aliases are refused."""
     if (not isinstance(alias, str) or not alias or len(alias) > MAX_ALIAS or ".." in alias
             or not _ALIAS.fullmatch(alias)):
-        raise InvalidNameError(f"alias {shown(alias)} is not allowed: 1-{MAX_ALIAS} letters, digits, '.', '_', "
+        raise InvalidNameError(f"alias {shown(alias)} is not allowed: 1-{MAX_ALIAS} ASCII letters, digits, '.', '_', "
                                "'-' (no '..'), starting with a letter or '_'")
     return alias
 

@@ -200,6 +200,14 @@ def test_bad_names_are_refused(reg, bad):
         reg.register_space(bad, 3)
 
 
+def test_a_name_with_a_non_ascii_letter_is_refused_saying_the_letters_are_ascii(reg):
+    """'café' was refused with "use letters, digits, ...": é is a letter, so the message contradicted itself."""
+    with pytest.raises(InvalidNameError, match=r"'café' is not allowed: use ASCII letters"):
+        register(reg, name="café")
+    with pytest.raises(InvalidNameError, match=r"ASCII letters"):
+        reg.set_alias("minilm-e5", "prodé", 1)
+
+
 def test_ref_parsing():
     assert parse_ref("minilm->e5") == ("minilm->e5", None, None)
     assert parse_ref("a.b_c-1@candidate") == ("a.b_c-1", "candidate", None)
