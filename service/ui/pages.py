@@ -72,12 +72,17 @@ def _root(request: Request) -> str:
     return request.scope.get("root_path", "").rstrip("/")
 
 
+def _render(request: Request, template: str, title: str, status_code: int = 200, **extra) -> HTMLResponse:
+    """A console page (``template`` over base.html) with its navigation, key bar and policy."""
+    return templates.TemplateResponse(request, template, {
+        "title": title, "pages": PAGES, "version": align.__version__, "current": title, "root": _root(request),
+        "auth_required": not _settings(request).auth_disabled, "key_file": _settings(request).local_key_file,
+        **extra}, status_code=status_code, headers={"Content-Security-Policy": CONSOLE_CSP})
+
+
 def _page(template: str, title: str):
     async def page(request: Request) -> HTMLResponse:
-        return templates.TemplateResponse(request, template, {
-            "title": title, "pages": PAGES, "version": align.__version__, "current": title, "root": _root(request),
-            "auth_required": not _settings(request).auth_disabled, "key_file": _settings(request).local_key_file},
-            headers={"Content-Security-Policy": CONSOLE_CSP})
+        return _render(request, template, title)
 
     page.__name__ = f"ui_{template.split('.')[0]}"
     return page
@@ -91,6 +96,17 @@ for _path, _template, _title in PAGES:
 @router.get("/ui/")
 async def ui_home(request: Request) -> RedirectResponse:
     return RedirectResponse(_root(request) + "/ui/registry", status_code=307)
+
+
+#: after the /ui/static mount (routes match in order): any other address under /ui
+fallback = APIRouter(include_in_schema=False)
+
+
+@fallback.get("/ui/{rest:path}")
+async def ui_not_found(request: Request, rest: str) -> HTMLResponse:
+    """A /ui address that names no page (a typo, an old bookmark): a 404 console page linking every page, where a
+    browser was shown the API's JSON error."""
+    return _render(request, "not_found.html", "Page not found", status_code=404, path="/ui/" + rest)
 
 
 @router.get("/docs")
@@ -111,3 +127,4 @@ def mount_console(app: FastAPI) -> None:
 
     app.include_router(with_head(router))
     app.mount("/ui/static", StaticFiles(directory=str(STATIC_DIR)), name="ui-static")
+    app.include_router(with_head(fallback))

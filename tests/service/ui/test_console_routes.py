@@ -98,6 +98,23 @@ def test_ui_pages_are_shells_over_the_public_api(world):
     assert "/v1/" in js and "console.log" not in js  # the key is never logged
 
 
+def test_an_unknown_console_address_gets_the_consoles_404_page(world):
+    """/ui/<a typo> answered the API's JSON error in the browser: now a 404 console page, under the console's policy,
+    links every page; the address is shown escaped; /ui/static and the pages are as they were."""
+    c, _, _ = world
+    for path in ("/ui/registy", "/ui/jobs/extra", "/ui/<script>alert(1)</script>"):
+        r = c.get(path)
+        assert r.status_code == 404 and r.headers["content-type"].startswith("text/html"), path
+        assert _csp(r)["script-src"] == "'self'" and "<script>alert" not in r.text
+        assert all(f'href="/ui{p}"' in r.text for p, _, _ in PAGES)
+    assert "<code>/ui/registy</code>" in c.get("/ui/registy").text
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in c.get("/ui/<script>alert(1)</script>").text
+    assert c.head("/ui/registy").status_code == 404
+    assert c.get("/ui/static/console.js").status_code == 200 and c.get("/ui/static/nope.js").status_code == 404
+    assert c.get("/ui/static/nope.js").headers["content-type"].startswith("application/json")
+    assert c.get("/ui/registry").status_code == 200
+
+
 def test_ui_says_when_auth_is_off(tmp_path):
     app = create_app(settings_for(tmp_path, api_keys={}, auth_disabled=True))
     with TestClient(app, base_url="http://localhost") as c:  # with auth off, only loopback Host names
