@@ -572,7 +572,7 @@ function searchPage() {
 function steerPage() {
   return page({
     steers: [], indexes: [], steer: "", index: "", query: "", eps: 0, k: 10,
-    base: null, steered: null, share: null, shown: null, sweep: [], steerMsg: "",
+    base: null, steered: null, share: null, shown: null, sweep: [], sweepOf: null, steerMsg: "",
     prompt: "The movie was", genText: "", tokens: [], lmMsg: "", lmModel: "", lmEps: 0,
     async load() {
       const [s, i] = await Promise.all([VB.api("/v1/steers"), VB.api("/v1/indexes")]);
@@ -636,21 +636,39 @@ function steerPage() {
     steerChanged() {
       this.pickIndex();
       if (this.asking) this.asking.abort();
-      this.asking = null; this.busy = false; this.clearResults();
+      this.asking = null; this.busy = false; this.clearResults(); this.clearSweep();
     },
     shownEps() { return this.shown ? String(this.shown.eps) : ""; },
+    /* A sweep is a request of the page like a run: a newer run or sweep gives it up (a slider moved mid-sweep
+       re-enabled "Sweep ε" while the sweep went on, and its chart then landed under the newer question), and
+       its chart says the steer, index and query it answers. */
     async runSweep() {
-      this.steerMsg = "";
+      const ctl = this.supersede();
+      this.steerMsg = ""; this.busy = false;
       if (!this.index || !this.query.trim()) { this.steerMsg = "pick an index and type a query first"; return; }
-      const grid = [-2, -1, -0.5, 0, 0.5, 1, 2];
+      const grid = [-2, -1, -0.5, 0, 0.5, 1, 2], ask = this.question();
       this.busy = true;
       try {
-        const rs = await Promise.all(grid.map(e => this.search(e)));
-        this.sweep = grid.map((e, i) => [e, this.shareOf(rs[i])]);
-        if (this.sweep.some(p => p[1] === null)) { this.steerMsg = "the index's payloads carry no numeric `label`, so the attribute share is unknown"; return; }
-        this.$nextTick(() => VB.chart(this.$refs.sweep, grid, [{ label: "attribute share", values: this.sweep.map(p => p[1]) }],
+        const rs = await Promise.all(grid.map(e => this.search(e, ask, ctl.signal)));
+        if (!this.latest(ctl)) return;
+        this.clearSweep();
+        const sweep = grid.map((e, i) => [e, this.shareOf(rs[i])]);
+        if (sweep.some(p => p[1] === null)) {
+          this.steerMsg = "the index's payloads carry no numeric `label`, so the attribute share is unknown";
+          return;
+        }
+        [this.sweep, this.sweepOf] = [sweep, ask];
+        const series = [{ label: "attribute share", values: sweep.map(p => p[1]) }];
+        this.$nextTick(() => VB.chart(this.$refs.sweep, grid, series,
           { xlabel: "ε", ylabel: "attribute share", yrange: [0, 1] }));
-      } catch (e) { this.steerMsg = VB.say(e); } finally { this.busy = false; }
+      } catch (e) {
+        if (this.latest(ctl)) { this.clearSweep(); this.steerMsg = VB.say(e); }
+      } finally { if (this.latest(ctl)) this.busy = false; }
+    },
+    clearSweep() { this.sweep = []; this.sweepOf = null; VB.chart(this.$refs.sweep, [], []); },
+    sweepText() {
+      const s = this.sweepOf;
+      return s ? ` (steer ${s.steer}, index ${s.index}, query "${s.query}")` : "";
     },
     changed() {
       if (!this.base || !this.steered) return null;

@@ -310,3 +310,34 @@ def test_a_steer_run_given_up_for_one_refused_at_once_leaves_the_button_ready(wo
     gate.release()
     assert button.is_enabled() and button.inner_text() == "Search"
     t.close()
+
+
+def test_a_sweep_given_up_for_a_newer_search_never_draws_and_a_drawn_one_says_what_it_answers(world, browser):
+    """Moving ε while a sweep ran re-enabled "Sweep ε" mid-sweep, and the sweep's chart landed later under the newer
+    question, saying nothing of which. Now a newer search gives the sweep up (its chart is never drawn) and a
+    drawn chart names its steer, index and query."""
+    base, _, _ = world
+    t = Page.open(browser, base, "/ui/steer", READ_KEY)
+    pg = t.page
+    pg.get_by_label("index", exact=True).select_option("idx-e5")
+    pg.get_by_label("query", exact=True).fill("anything")
+    gate = Gate(pg, "**/v1/indexes/*/search")
+    gate.closed = True
+    sweep_button = pg.get_by_role("button", name="Sweep ε")
+    sweep_button.click()
+    gate.wait_held(7)
+    assert sweep_button.is_disabled()
+    gate.closed = False
+    pg.locator("#st-eps").focus()
+    pg.keyboard.press("ArrowRight")  # a steered search at ε 0.25: answered at once
+    pg.locator("#st-steered-h", has_text="ε = 0.25").wait_for()
+    gate.release()  # the sweep's answers, had it not been given up
+    assert pg.locator("[x-ref=sweep] canvas").count() == 0
+    assert pg.locator("#sweep-of").inner_text() == "Attribute share vs ε"
+
+    pg.get_by_label("query", exact=True).fill("something else")
+    sweep_button.click()
+    pg.locator("[x-ref=sweep] canvas").first.wait_for()
+    said = pg.locator("#sweep-of").inner_text()
+    assert said == 'Attribute share vs ε (steer tone, index idx-e5, query "something else")'
+    t.close(expect_errors=("status of 404",))
