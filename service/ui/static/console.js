@@ -504,10 +504,12 @@ function searchPage() {
       this.pickDefaultSpace();
     },
     indexSpace() { const i = this.indexes.find(x => x.name === this.index); return i ? i.space : ""; },
+    /* The query is text: only a space with an encoder can embed it (the others were listed, and refused). */
+    textSpaces() { return this.spaces.filter(s => s.encoder); },
     pickDefaultSpace() {
-      const own = this.indexSpace();
-      const other = this.spaces.find(s => s.encoder && s.name !== own);
-      if (!this.space || this.space === own) this.space = other ? other.name : own;
+      const own = this.indexSpace(), spaces = this.textSpaces();
+      const other = spaces.find(s => s.name !== own), mine = spaces.find(s => s.name === own);
+      if (!this.space || this.space === own) this.space = other ? other.name : mine ? own : "";
     },
     /* What the results shown answer (index, both spaces, k): their headings say it, not the form's current
        values (a changed dropdown relabelled the old hits); `stale` once the form no longer asks that. */
@@ -518,6 +520,10 @@ function searchPage() {
       this.busy = false;  // a search given up above ends here, not in its own finally
       if (!this.index) { this.searchMsg = "no index to search yet: create one (POST /v1/indexes, API docs)"; return; }
       if (!this.query.trim()) { this.searchMsg = "type a query first"; return; }
+      if (!this.space) {
+        this.searchMsg = "no space has an encoder to embed the query (POST /v1/spaces with one)";
+        return;
+      }
       const asked = { index: this.index, native: this.indexSpace(), space: this.space, k: Number(this.k) };
       const base = { texts: [this.query], k: asked.k, csls: this.csls, include_payloads: true };
       const url = `/v1/indexes/${encodeURIComponent(asked.index)}/search`;

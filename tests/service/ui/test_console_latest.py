@@ -341,3 +341,14 @@ def test_a_sweep_given_up_for_a_newer_search_never_draws_and_a_drawn_one_says_wh
     said = pg.locator("#sweep-of").inner_text()
     assert said == 'Attribute share vs ε (steer tone, index idx-e5, query "something else")'
     t.close(expect_errors=("status of 404",))
+
+
+def test_the_search_page_offers_only_spaces_that_can_embed_its_text_query(world, browser):
+    """The query model's list held every space, those without an encoder too (a, b, the fillers): picking one
+    answered "has no encoder" after the search. Now it lists the spaces with an encoder."""
+    base, _, _ = world
+    t = Page.open(browser, base, "/ui/search", READ_KEY)
+    options = t.page.locator("#s-space option")
+    options.nth(1).wait_for(state="attached")
+    assert sorted(options.evaluate_all("os => os.map(o => o.value)")) == ["e5", "minilm"]
+    t.close()
