@@ -321,7 +321,7 @@ def read_texts(path, *, rows=None, text_field: str = "text", check_text: bool = 
 def read_vectors(path, *, rows=None, key: str | None = None, column: str | None = None,
                  encoder: str | None = None, kind: str = "passage", text_field: str = "text",
                  batch_size: int = 64, progress: Callable[[float], None] | None = None,
-                 encoder_option: str | None = "--encoder") -> np.ndarray:
+                 encoder_option: str | None = "--encoder", finite: bool = True) -> np.ndarray:
     """Read rows ``[start, stop)`` of a vector file, or embed a text file with ``encoder``.
 
     Returns float32 ``(n, d)``, C-contiguous and writable by the caller. Raises FormatError / InputError on bad
@@ -329,6 +329,7 @@ def read_vectors(path, *, rows=None, key: str | None = None, column: str | None 
     cache as they are read; a write changes this process's copy, never the file), so reading 1M x 384 rows
     costs no 1.5 GB of private memory (the file must not be truncated while the rows are in use).
     ``encoder_option``: the option that names the encoder of a text file (None: the input takes vectors only).
+    ``finite=False``: rows of a vector file with NaN / Inf are left for the caller to refuse (a keep set names them).
     """
     from align.validation import as_matrix
 
@@ -354,11 +355,11 @@ def read_vectors(path, *, rows=None, key: str | None = None, column: str | None 
         with _arrow_errors(path):
             table = f.read(columns=[col])
             table = table.take(sl) if isinstance(sl, np.ndarray) else table.slice(sl.start, sl.stop - sl.start)
-        return as_matrix(_arrow_lists_to_matrix(table.column(col), path), name=path.name)
+        return as_matrix(_arrow_lists_to_matrix(table.column(col), path), name=path.name, finite=finite)
     else:
         raise FormatError(f"{path.name}: unsupported format {suf or '(none)'}; "
                           f"use {', '.join(VECTOR_SUFFIXES + TEXT_SUFFIXES)}")
-    return _select_rows(M, resolve_rows(rows, M.shape[0], path) if M.ndim == 2 else None, path)
+    return _select_rows(M, resolve_rows(rows, M.shape[0], path) if M.ndim == 2 else None, path, finite=finite)
 
 
 def _need_encoder(path: Path, encoder: str | None, option: str | None = "--encoder") -> None:
@@ -388,7 +389,7 @@ def _embed(path: Path, texts: list[str], encoder: str, kind: str, batch_size: in
     return as_matrix(X, name=path.name)
 
 
-def _select_rows(M: np.ndarray, sl: slice | None, path: Path) -> np.ndarray:
+def _select_rows(M: np.ndarray, sl: slice | None, path: Path, *, finite: bool = True) -> np.ndarray:
     """Rows ``sl`` of a matrix ``M`` read from ``path`` as checked float32 (n, d); ``sl`` None: ``M`` is not 2-D.
 
     Any dtype but real numbers (``as_matrix``'s; booleans too) raises there, before a row is selected. A bool file
@@ -396,11 +397,11 @@ def _select_rows(M: np.ndarray, sl: slice | None, path: Path) -> np.ndarray:
     from align.validation import as_matrix
 
     if sl is None or M.dtype.kind not in "biuf":
-        return as_matrix(M, name=path.name)  # raises the ShapeError / InputError (non-numeric or complex dtype)
+        return as_matrix(M, name=path.name, finite=finite)  # raises the ShapeError / InputError (non-numeric, complex)
     part = M[sl]
     if isinstance(M, np.memmap) and M.mode != "c":  # a read-only map (.fvecs): a private, writable copy
         part = np.array(part, dtype=np.float32)
-    return as_matrix(part, name=path.name)  # float32 rows stay as they are (mapped, or decoded from .npz)
+    return as_matrix(part, name=path.name, finite=finite)  # float32 rows stay as they are (mapped, or from .npz)
 
 
 def iter_chunks(path, *, chunk_rows: int = 65536, rows=None, key: str | None = None, column: str | None = None,

@@ -13,12 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from align.coverage import keep_native_rows
-from align.exceptions import (
-    DimensionMismatchError,
-    EmptyInputError,
-    InputError,
-    PairCountError,
-)
+from align.exceptions import DimensionMismatchError, EmptyInputError, InputError
 
 from ..encoders import space_encoder
 from ..io import (
@@ -35,6 +30,7 @@ from ..progress import Progress, silent
 from ..spaces import SPACE_SAMPLE_ROWS, check_rows, map_references
 from ..storage import check_writable
 from ..tables import MappedWriter
+from ..vectordb.keep import check_keep
 
 __all__ = ["check_direction", "rows_through", "transform_file"]
 
@@ -111,15 +107,10 @@ def _kept_rows(inp, rows, keep_rows, keep_vectors, dim: int, *, key=None, column
     total = count_rows(inp, key=key, column=column, text_field=text_field)
     want = resolve_rows(parse_rows(keep_rows), total, inp)
     want = np.arange(want.start, want.stop) if isinstance(want, slice) else np.asarray(want, dtype=np.int64)
-    Y = read_vectors(keep_vectors, encoder_option=None)
-    name = Path(keep_vectors).name
-    if Y.shape[0] != want.size:
-        raise PairCountError(f"{name} holds {Y.shape[0]} rows but --keep-rows lists {want.size}: one new-model "
-                             f"vector per re-embedded row, in the order listed")
-    if Y.shape[1] != dim:
-        raise DimensionMismatchError(f"{name} has {Y.shape[1]}-d rows; the map's target (the new model) is {dim}-d")
-    if np.unique(want).size != want.size:
-        raise InputError("--keep-rows lists a row more than once: each re-embedded row has one new-model vector")
+    # the migration's checker (a zero vector was refused only when its chunk came, the output half written)
+    want, Y = check_keep(want, read_vectors(keep_vectors, encoder_option=None, finite=False), dim,
+                         vectors_name=f"the keep vectors ({Path(keep_vectors).name})",
+                         ids_name="the keep rows (--keep-rows)", id_word="input row")
     sel = resolve_rows(parse_rows(rows), total, inp)
     if isinstance(sel, slice):
         pos, inside = want - sel.start, (want >= sel.start) & (want < sel.stop)

@@ -192,7 +192,7 @@ def read_keep(keep_ids, keep_vectors, what: str) -> tuple:
     if isinstance(keep_vectors, (str, Path)):
         from ..io import read_vectors
 
-        keep_vectors = read_vectors(keep_vectors, encoder_option=None)
+        keep_vectors = read_vectors(keep_vectors, encoder_option=None, finite=False)  # check_keep names NaN rows
     return keep_ids, keep_vectors
 
 

@@ -135,10 +135,14 @@ def _source_id_kind(store: VectorStore, source: str) -> str | None:
     return "str" if batch.ids.dtype.kind in "UO" else "int"
 
 
-def check_keep(ids, vectors, dim: int) -> tuple[np.ndarray, np.ndarray]:
-    """``(ids, vectors)`` of a keep set checked as far as it can be without its collection: one ``dim``-d finite
-    vector per id (in the ids' order; float32), integer or string ids (:func:`~service.vectordb.base.as_ids`), none
-    listed twice."""
+def check_keep(ids, vectors, dim: int, *, vectors_name: str = "the keep vectors", ids_name: str = "the keep ids",
+               id_word: str = "id") -> tuple[np.ndarray, np.ndarray]:
+    """``(ids, vectors)`` of a keep set checked as far as it can be without its collection, before anything is
+    written: one ``dim``-d finite, non-zero vector per id (in the ids' order; float32), integer or string ids
+    (:func:`~service.vectordb.base.as_ids`), none listed twice. The one check of a migration's set (ids) and of
+    ``vecbridge transform --keep-rows`` (ids: rows of its input); the messages call the two ``vectors_name`` and
+    ``ids_name`` (both read as plural) and an id ``id_word``, and name the bad rows by id and by their row of the
+    vectors."""
     vec = np.asarray(vectors)
     if vec.ndim != 2 or vec.dtype.kind not in "fiu":
         raise InputError(f"the re-embedded rows' vectors must be a 2-D array of numbers, got shape {vec.shape} "
@@ -148,31 +152,36 @@ def check_keep(ids, vectors, dim: int) -> tuple[np.ndarray, np.ndarray]:
         arr = arr.astype(str)
     arr = as_ids(arr)
     if arr.shape[0] != vec.shape[0]:
-        raise PairCountError(f"the keep vectors hold {vec.shape[0]} rows but the keep ids list {arr.shape[0]}: one "
-                             "new-model vector per re-embedded row, in the ids' order")
+        raise PairCountError(f"{vectors_name} hold {vec.shape[0]} rows but {ids_name} list {arr.shape[0]}: one "
+                             f"new-model vector per re-embedded row, in the order {ids_name} list them")
     if vec.shape[1] != dim:
-        raise DimensionMismatchError(f"the keep vectors have {vec.shape[1]}-d rows; the map's target (the new "
+        raise DimensionMismatchError(f"{vectors_name} have {vec.shape[1]}-d rows; the map's target (the new "
                                      f"model) is {dim}-d")
     vec = np.ascontiguousarray(vec, dtype=np.float32)
+
+    def which(mask: np.ndarray) -> str:
+        at = np.flatnonzero(mask)[:10]
+        return f"{id_word}s {arr[at].tolist()}, at row(s) {at.tolist()} of the vectors"
+
     bad = ~np.isfinite(vec).all(axis=1)
     if bad.any():
-        raise NonFiniteError(f"the keep vectors hold {int(bad.sum())} row(s) with NaN or Inf (ids "
-                             f"{arr[bad][:10].tolist()}): a kept row is written as given")
+        raise NonFiniteError(f"{vectors_name} hold {int(bad.sum())} row(s) with NaN or Inf ({which(bad)}): a kept "
+                             "row is written as given")
     zero = ~vec.any(axis=1)  # refused here, before anything is written (align.keep_native_rows, a batch later: mid-run)
     if zero.any():
-        raise DegenerateInputError(f"the keep vectors hold {int(zero.sum())} all-zero row(s) (ids "
-                                   f"{arr[zero][:10].tolist()}): a zero vector has no direction to keep")
-    _no_twice(arr)
+        raise DegenerateInputError(f"{vectors_name} hold {int(zero.sum())} all-zero row(s) ({which(zero)}): a zero "
+                                   "vector has no direction to keep")
+    _no_twice(arr, ids_name, id_word)
     return arr, vec
 
 
-def _no_twice(ids: np.ndarray) -> np.ndarray:
+def _no_twice(ids: np.ndarray, ids_name: str = "the keep ids", id_word: str = "id") -> np.ndarray:
     """The order that sorts ``ids``; InputError naming an id listed more than once."""
     order = np.argsort(ids, kind="stable")
     keys = ids[order]
     dup = keys[1:][keys[1:] == keys[:-1]]
     if dup.size:
-        raise InputError(f"the keep ids list {dup.size} id(s) more than once (e.g. {dup[0].item()!r}): each "
+        raise InputError(f"{ids_name} list {dup.size} {id_word}(s) more than once (e.g. {dup[0].item()!r}): each "
                          "re-embedded row has one new-model vector")
     return order
 

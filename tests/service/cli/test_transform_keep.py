@@ -87,20 +87,55 @@ def test_a_parquet_keeps_its_other_columns_and_the_text_says_how_many_were_kept(
 @pytest.mark.parametrize("args, match", [
     (["--keep-rows", "{root}/rows.npy"], "needs both their rows"),
     (["--keep-vectors", "{root}/new_pairs.npy"], "needs both their rows"),
-    (["--keep-rows", "0:4", "--keep-vectors", "{root}/new_pairs.npy"], "holds 5 rows but --keep-rows lists 4"),
-    (["--keep-rows", "{root}/rows.npy", "--keep-vectors", "{root}/old.npy"], "holds 900 rows but"),
+    (["--keep-rows", "0:4", "--keep-vectors", "{root}/new_pairs.npy"],
+     r"\(new_pairs.npy\) hold 5 rows but the keep rows \(--keep-rows\) list 4"),
+    (["--keep-rows", "{root}/rows.npy", "--keep-vectors", "{root}/old.npy"], "hold 900 rows but"),
     (["--keep-rows", "0:5", "--keep-vectors", "{tmp}/wide.npy"], "24-d rows; the map's target .* is 16-d"),
     (["--keep-rows", "{root}/rows.npy", "--keep-vectors", "{root}/new_pairs.npy", "--output", "frame"],
      "needs output 'raw'"),
     (["--keep-rows", "898:903", "--keep-vectors", "{root}/new_pairs.npy"], "outside the file's 900 rows"),
     (["--keep-rows", "{root}/rows.npy", "--keep-vectors", "{out}"], "the output"),
+    # the keep file's first row is input row 899, the last chunk's: was refused only when that chunk came, as
+    # "Y_new holds 1 all-zero row(s) (e.g. row 0)", a row of neither file, eight chunks already written
+    (["--keep-rows", "{root}/rows.npy", "--keep-vectors", "{tmp}/zero.npy"],
+     r"\(zero.npy\) hold 1 all-zero row\(s\) \(input rows \[899\], at row\(s\) \[0\] of the vectors\)"),
+    (["--keep-rows", "{root}/rows.npy", "--keep-vectors", "{tmp}/nan.npy"],  # was "nan.npy: 1 row(s) contain NaN"
+     r"\(nan.npy\) hold 1 row\(s\) with NaN or Inf \(input rows \[450\], at row\(s\) \[2\] of the vectors\)"),
 ])
 def test_bad_keep_options_exit_2_with_a_message_and_write_nothing(capsys, tmp_path, world, args, match):
-    root, X = world[:2]
+    root, X, Y, rows = world
     np.save(tmp_path / "wide.npy", X[:5])
+    for name, row, value in (("zero", 0, 0.0), ("nan", 2, np.nan)):
+        bad = Y[rows].copy()
+        bad[row] = value
+        np.save(tmp_path / f"{name}.npy", bad)
     out = tmp_path / "out.npy"
     args = [a.format(root=root, tmp=tmp_path, out=out) for a in args]
-    code, _, err = _cli(capsys, root, out, *args)
+    code, _, err = _cli(capsys, root, out, *args, "--chunk-rows", "100")
     assert code == 2 and err.startswith("vecbridge: error:"), err
     assert re.search(match, err), err
-    assert not out.exists()
+    assert not out.exists() and not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # nor a temporary
+
+
+def test_a_bad_keep_set_is_refused_before_a_row_is_mapped_or_written(tmp_path, world):
+    """An all-zero keep vector for input row 899 was refused when its chunk came, after chunks 0-7 were mapped and
+    written to the output's temporary file (progress said 89%); now the set is checked whole first, as a migration
+    checks its keep set, and nothing is read, mapped or written."""
+    from align.exceptions import DegenerateInputError
+    from service.ops.transform import transform_file
+
+    root, _, Y, rows = world
+    bad = Y[rows].copy()
+    bad[0] = 0.0
+    np.save(tmp_path / "zero.npy", bad)
+    said = []
+    reg = Registry(f"sqlite:///{root / 'var' / 'registry.sqlite'}", root / "var" / "artifacts")
+    try:
+        with pytest.raises(DegenerateInputError, match=r"input rows \[899\]"):
+            transform_file(reg, "m", root / "old.npy", tmp_path / "out.npy", chunk_rows=100,
+                           keep_rows=rows, keep_vectors=tmp_path / "zero.npy",
+                           progress=lambda stage, f: said.append(f))
+    finally:
+        reg.close()
+    assert said == []  # not even the 0% of a start
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["zero.npy"]
