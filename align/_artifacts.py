@@ -34,7 +34,8 @@ from typing import BinaryIO, TypeVar
 
 import numpy as np
 
-from .exceptions import SerializationError, VecbridgeError
+from .exceptions import NonFiniteError, SerializationError, VecbridgeError
+from .validation import nonfinite_error
 
 __all__ = ["META_KEY", "json_default", "pack_npz", "unpack_npz", "pack", "unpack", "save_atomic", "read_file",
            "check_header", "stored_fields", "StoredMap", "VOLATILE_KEYS", "FIT_RECORDS", "stable_metadata",
@@ -392,20 +393,30 @@ class StoredMap(ValueObject):
             self.__dict__.pop("_fused", None)
         return plan
 
+    def _block_rows(self, batch_size: int) -> int:
+        """Rows of the blocks :meth:`apply` takes at a time with ``batch_size`` (a piece of :meth:`_apply_pieces`
+        is a whole number of them)."""
+        return int(batch_size)
+
     def _apply_pieces(self, X: np.ndarray, block: int, *, batch_size: int, **kw) -> np.ndarray | None:
         """``self.apply(X, batch_size=batch_size, **kw)`` on pieces of ``X`` (an array :func:`as_matrix` would copy
         whole: :func:`align.validation.copies_whole`), each converted to float32 on its own: a float16 memmap of
         40,000 x 384 was copied whole (61 MB beside the output) whatever ``batch_size``. A piece is a whole number of
         the apply's blocks of ``block`` rows and at least ``batch_size`` rows, so every row meets the arithmetic it
         met in one call, and never one row alone (the one-row form gives other bits). None when ``X`` is one
-        piece."""
+        piece. NaN / Inf met in a piece is the NonFiniteError of ``X`` whole (every row counted, as one call)."""
         rows, n = -(-max(batch_size, block) // block) * block, X.shape[0]
         if n <= rows + 1:
             return None
         out, s = None, 0
         while s < n:
             e = s + rows if n - (s + rows) > 1 else n
-            part = self.apply(X[s:e], batch_size=batch_size, **kw)
+            try:
+                part = self.apply(X[s:e], batch_size=batch_size, **kw)
+            except NonFiniteError as exc:  # "X: 1 row(s) ..." counted the piece's rows only
+                if type(exc) is not NonFiniteError:  # an output that overflows float32: that piece's rows
+                    raise
+                raise nonfinite_error(X, kw.get("name", "X")) from None
             if out is None:
                 out = np.empty((n, part.shape[1]), dtype=np.float32)
             out[s:e] = part

@@ -17,12 +17,14 @@ JSON header (``format = "vecbridge.MapChain"``); :func:`align.map_from_bytes` re
 
 from __future__ import annotations
 
+import math
 
 import numpy as np
 
 from ._artifacts import StoredMap, check_header, pack, stored_fields
 from .exceptions import DimensionMismatchError, InputError, SerializationError
-from .validation import as_matrix
+from .options import check_batch_size
+from .validation import as_matrix, copies_whole
 
 __all__ = ["MapChain", "require_linear", "check_map", "map_kind", "FORMAT"]
 
@@ -130,9 +132,19 @@ class MapChain(NonLinearAlgebra, StoredMap):
     def apply(self, X, *, output: str = "raw", batch_size: int = 65536, validate: bool = True,
               name: str = "X") -> np.ndarray:
         """Map raw source rows ``X`` (n, d_s) to (n, d_t) float32: raw vectors between steps, ``output`` at the end
-        (``output``, ``validate`` and ``name`` as in :meth:`LinearMap.apply`)."""
+        (``output``, ``validate`` and ``name`` as in :meth:`LinearMap.apply`). An array goes through every step a
+        piece of ``batch_size`` rows (or more: whole blocks of every step) at a time (:meth:`StoredMap._apply_pieces`),
+        a float16 memmap converted a piece at a time: it was converted to float32 whole before the first step, and
+        each step's output between two steps was the whole input's size."""
         if output not in ("frame", "raw", "linear"):
             raise InputError(f"output must be 'frame', 'raw' or 'linear', got {output!r}")
+        if (validate and copies_whole(X)) or (len(self.steps) > 1 and isinstance(X, np.ndarray) and X.ndim == 2
+                                              and not np.ma.isMaskedArray(X)):
+            batch_size = check_batch_size(batch_size)
+            out = self._apply_pieces(X, self._block_rows(batch_size), output=output, batch_size=batch_size,
+                                     validate=validate, name=name)
+            if out is not None:
+                return out
         if validate:
             X = as_matrix(X, name=name, dim=self.source_dim)
         last = len(self.steps) - 1
@@ -141,6 +153,12 @@ class MapChain(NonLinearAlgebra, StoredMap):
         return X
 
     __call__ = apply
+
+    def _block_rows(self, batch_size: int) -> int:
+        """Rows that are a whole number of every step's blocks (their least common multiple): a piece of that many
+        rows meets the arithmetic of one call in each step."""
+        return math.lcm(*(s._block_rows(batch_size) if hasattr(s, "_block_rows") else int(batch_size)
+                          for s in self.steps))
 
     # --- (de)serialisation ----------------------------------------------------------------
     def to_bytes(self, format: str = "npz") -> bytes:

@@ -167,13 +167,17 @@ class LinearMap(StoredMap):
         """
         if validate and copies_whole(X):
             batch_size = check_batch_size(batch_size)
-            out = self._apply_pieces(X, min(batch_size, _BLOCK_ROWS), output=output, batch_size=batch_size, name=name)
+            out = self._apply_pieces(X, self._block_rows(batch_size), output=output, batch_size=batch_size, name=name)
             if out is not None:
                 return out
         if validate:
             X = as_matrix(X, name=name, dim=self.source_dim, finite=False)
         batch_size = check_batch_size(batch_size)  # NaN or "a" was a raw ValueError, 0 or -5 read as 1
         return self._apply(X, output=output, batch_size=batch_size, checked=not validate, name=name)
+
+    def _block_rows(self, batch_size: int) -> int:
+        """Rows of the fused blocks of :meth:`_apply` with ``batch_size``: at most :data:`_BLOCK_ROWS`."""
+        return min(int(batch_size), _BLOCK_ROWS)
 
     def _apply(self, X: np.ndarray, *, output: str = "frame", batch_size: int = 65536,
                checked: bool = True, name: str = "X") -> np.ndarray:

@@ -23,7 +23,8 @@ from .exceptions import (
 __all__ = ["as_matrix", "copies_whole", "as_real_array", "check_paired", "check_random_state", "check_seed",
            "check_not_degenerate", "check_no_underflow", "check_no_zero_rows", "check_rankable", "check_representable",
            "check_eps", "check_labels", "check_labelled_queries", "check_same_queries", "check_csls_weight",
-           "collapsed", "check_not_collapsed", "seed_record", "count_distinct_rows", "row_groups", "MAX_EPS"]
+           "collapsed", "check_not_collapsed", "seed_record", "count_distinct_rows", "row_groups", "MAX_EPS",
+           "nonfinite_error"]
 
 #: Bound of a steer's strength ``|eps|`` (1: the trained strength) wherever a steer moves vectors: the library
 #: (:func:`check_eps`), the CLI and HTTP (``service.limits.MAX_STEER_EPS`` is this number). Strength sweeps saturate
@@ -97,6 +98,24 @@ def copies_whole(X) -> bool:
             and not (X.dtype == _F32 and X.flags.c_contiguous))
 
 
+def _beyond_float32(arr: np.ndarray, name: str) -> NonFiniteError | None:
+    """The NonFiniteError for the rows of ``arr`` (wider floats) holding finite values float32 cannot hold (they
+    would become Inf), counted block by block; None when there are none or ``arr`` is not of wider floats."""
+    if arr.dtype.kind != "f" or arr.dtype.itemsize <= 4:
+        return None
+    f32max = np.finfo(np.float32).max
+    with np.errstate(invalid="ignore"):
+        huge = _rows_where(arr, lambda b: np.isfinite(b) & (np.abs(b) > f32max))
+    return NonFiniteError(f"{name}: {huge} row(s) hold values beyond float32's range (±3.4e38); scale them down"
+                          ) if huge else None
+
+
+def nonfinite_error(X: np.ndarray, name: str) -> NonFiniteError:
+    """The NonFiniteError :func:`as_matrix` raises for ``X`` (n, d) whole, counted a block of rows at a time without
+    converting ``X``: for an apply that met it in one piece of ``X`` (that piece's count was not the input's)."""
+    return _beyond_float32(X, name) or NonFiniteError(f"{name}: {_nonfinite_rows(X)} row(s) contain NaN or Inf")
+
+
 def as_matrix(
     X,
     *,
@@ -163,13 +182,9 @@ def as_matrix(
     if f32:
         arr = np.ascontiguousarray(arr)
     else:
-        if arr.dtype.kind == "f" and arr.dtype.itemsize > 4:  # finite values float32 cannot hold would become Inf
-            f32max = np.finfo(np.float32).max
-            with np.errstate(invalid="ignore"):
-                huge = _rows_where(arr, lambda b: np.isfinite(b) & (np.abs(b) > f32max))
-            if huge:
-                raise NonFiniteError(f"{name}: {huge} row(s) hold values beyond float32's range "
-                                     f"(±3.4e38); scale them down")
+        huge = _beyond_float32(arr, name)  # finite values float32 cannot hold would become Inf
+        if huge is not None:
+            raise huge
         wide, arr = arr, np.ascontiguousarray(arr, dtype=np.float32)
         check_no_underflow(wide, arr, name)
     if finite:  # block by block: a mask of the whole input was a quarter of its float32 size

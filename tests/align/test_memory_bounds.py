@@ -170,7 +170,7 @@ def test_a_linear_maps_first_apply_holds_about_two_W(orthonormal):
     assert align.LinearMap(W[:, :700]).is_orthogonal() is orthonormal  # orthonormal columns: W^T W = I
 
 
-@pytest.mark.parametrize("kind", ["linear", "cluster"])
+@pytest.mark.parametrize("kind", ["linear", "cluster", "chain"])
 def test_a_float16_memmap_is_converted_a_batch_at_a_time(tmp_path, kind):
     """A float16 memmap (how a big .npy of embeddings is often kept) was converted to float32 whole before the
     apply's blocks: 61 MB beside the output for 40,000 x 384, whatever ``batch_size``. Each piece of ``batch_size``
@@ -179,7 +179,11 @@ def test_a_float16_memmap_is_converted_a_batch_at_a_time(tmp_path, kind):
     fs, ft = (align.Frame.fit(_rows(500, d, s) + 0.5) for s in (1, 2))
     m = {"linear": align.LinearMap(_rows(d, d, 3), _rows(1, d, 4)[0], fs, ft),
          "cluster": align.ClusterMap(_unit(_rows(4, d, 5)), _rows(4 * d, d, 6).reshape(4, d, d), _rows(4, d, 7),
-                                     fs, ft)}[kind]
+                                     fs, ft),
+         # a chain was converted whole before its first step; its pieces are whole blocks of both steps
+         "chain": align.MapChain([align.LinearMap(_rows(d, d, 3), _rows(1, d, 4)[0], fs, ft),
+                                  align.ClusterMap(_unit(_rows(4, d, 5)), _rows(4 * d, d, 6).reshape(4, d, d),
+                                                   _rows(4, d, 7), ft, fs)])}[kind]
     path = tmp_path / "x16.npy"
     np.save(path, (_rows(n, d, 8) + 0.5).astype(np.float16))
     X = np.load(path, mmap_mode="r")
@@ -188,5 +192,27 @@ def test_a_float16_memmap_is_converted_a_batch_at_a_time(tmp_path, kind):
     converted = n * d * 4  # 29 MiB: the float32 copy of the whole input; a piece's (and its blocks'), ~5 MiB
     assert peak < out.nbytes + converted / 3, f"{(peak - out.nbytes) / MiB:.1f} MiB beside the output"
     np.testing.assert_array_equal(out, m.apply(np.asarray(X, dtype=np.float32), batch_size=2048))
+    if kind == "chain":  # the same bits as each step applied to the whole input in one call
+        X32 = np.asarray(X, dtype=np.float32)
+        np.testing.assert_array_equal(out, m.steps[1].apply(m.steps[0].apply(X32, batch_size=2048), batch_size=2048))
     np.testing.assert_array_equal(m.apply(X[:3000], output="linear", batch_size=1000),
                                   m.apply(np.asarray(X[:3000], dtype=np.float32), output="linear", batch_size=1000))
+
+
+@pytest.mark.parametrize("kind", ["linear", "cluster", "chain"])
+def test_nan_in_a_float16_memmap_is_counted_over_the_whole_input(tmp_path, kind):
+    """Applied a piece at a time, NaN rows in three pieces were reported as the first piece's count ("X: 1 row(s)
+    contain NaN or Inf"); the count is the input's, as one call on its float32 rows says, and the kind is the same."""
+    d = 16
+    fs, ft = (align.Frame.fit(_rows(500, d, s) + 0.5) for s in (1, 2))
+    lin = align.LinearMap(_rows(d, d, 3), _rows(1, d, 4)[0], fs, ft)
+    m = {"linear": lin, "cluster": align.ClusterMap(_unit(_rows(4, d, 5)), _rows(4 * d, d, 6).reshape(4, d, d),
+                                                    _rows(4, d, 7), fs, ft),
+         "chain": align.MapChain([lin, lin])}[kind]
+    X = (_rows(10_000, d, 8) + 0.5).astype(np.float16)
+    X[[5, 4_100, 9_000]] = np.nan
+    X[7_000, 3] = np.inf
+    with pytest.raises(align.NonFiniteError, match=r"^X: 4 row\(s\) contain NaN or Inf$"):
+        m.apply(X, batch_size=1024)
+    with pytest.raises(align.NonFiniteError, match=r"^X: 4 row\(s\) contain NaN or Inf$"):
+        m.apply(X.astype(np.float32), batch_size=1024)  # one call on the same rows: the message it matches
