@@ -121,6 +121,13 @@ class MigrationStatus(BaseModel):
     rows_per_s: float | None = Field(None, description="Rows per second of the last run (its own rows and time).")
     eta_s: float | None = Field(None, description="Seconds left at that rate while it runs; null once stopped.")
     updated_at: float | None = None
+    keep_rows: int | None = Field(None, description=(
+        "The size of the keep set (`keep`: rows re-embedded to fit the map, written with their own vectors) the "
+        "migration was given; 0: none. A resume must send the same set (another is refused)."))
+    kept: int | None = Field(None, description="Rows written with their own vectors so far; null without a keep set.")
+    keep_digest: str | None = Field(None, description=(
+        "The first 12 hex digits of the keep set's sha256 (ids and vectors), as a refused resume names it; null "
+        "without a keep set."))
     error: str | None = Field(None, description="Why the checkpoint could not be read (a damaged file).")
 
 

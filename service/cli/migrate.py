@@ -72,7 +72,8 @@ def migrate(obj: Ctx, store, text_field, vector_field, id_field, source, target,
         eta = f", ETA {st['eta_s']:.0f}s at {st['rows_per_s']} rows/s" if st["eta_s"] is not None else ""
         emit(st, as_json, f"{st['source']} -> {st['target']}: {st['done']}/{st['total']} rows "
                           f"({100 * st['fraction']:.1f}%), last id {st['last_id']}, "
-                          f"{'finished' if st['finished'] else 'not finished, ' + st['state']}{eta}")
+                          f"{'finished' if st['finished'] else 'not finished, ' + st['state']}{eta}"
+                          + _keep_status_line(st))
         return
     store = obj.store_url(store)
     quiet_client_logs(store)  # pymilvus logged ~150 lines of tracebacks before the one error line
@@ -112,6 +113,15 @@ def migrate(obj: Ctx, store, text_field, vector_field, id_field, source, target,
                    f"in {rep.seconds:.1f}s; fields: {', '.join(rep.extra.get('fields', [])) or '(none)'}; "
                    f"space {rep.extra.get('space_check')}"
                    f"{'; alias ' + alias + ' -> ' + target if alias else ''}{_kept_line(rep, source)}")
+
+
+def _keep_status_line(st: dict) -> str:
+    """``; keeping N re-embedded rows as given (digest D, M written): ...``, or nothing when the checkpoint was
+    written without a keep set: a person resuming it learns to pass the same files (another set is refused)."""
+    if not st.get("keep_digest"):
+        return ""
+    return (f"; keeping {st['keep_rows']} re-embedded rows as given (keep set digest {st['keep_digest']}, "
+            f"{st['kept']} written so far): resume with the same --keep-ids/--keep-vectors")
 
 
 def _kept_line(rep, source: str) -> str:

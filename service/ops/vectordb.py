@@ -208,7 +208,9 @@ def checkpoint_status(checkpoint) -> dict:
     """What a checkpoint file says: rows done of total, last id, finished, ``state`` (running, stopped or
     finished), the rate of the last run (its rows over its own time, not the time between runs) and, while it
     runs, the ETA at that rate (None once stopped: nothing is moving). A run killed without a word (kill -9)
-    still reads as running."""
+    still reads as running. The keep set it was given (``migrate --keep-ids``, ``keep``), which a resume must give
+    again: ``keep_rows`` (0: none), ``kept`` (rows written with their own vectors so far; None without a set) and
+    ``keep_digest`` (its first 12 hex digits, as a refused resume names it; None without a set)."""
     state = FileCheckpoint(checkpoint).load()
     if state is None:
         raise InputError(f"no checkpoint at {checkpoint} (nothing started, or another --checkpoint)")
@@ -223,7 +225,16 @@ def checkpoint_status(checkpoint) -> dict:
             "batches": int(state.get("batches", 0)), "last_id": state.get("last_id"),
             "finished": bool(state.get("finished")), "state": now, "fields": state.get("fields", []),
             "rows_per_s": None if rate is None else round(rate, 1), "eta_s": None if eta is None else round(eta, 1),
-            "updated_at": updated or state.get("finished_at")}
+            "updated_at": updated or state.get("finished_at"), **_keep_status(state)}
+
+
+def _keep_status(state: dict) -> dict:
+    """``keep_rows``, ``kept`` and ``keep_digest`` of :func:`checkpoint_status`, from checkpoint ``state``."""
+    digest = state.get("keep_digest")
+    if not digest:  # a checkpoint written without a keep set (or before keep sets were recorded)
+        return {"keep_rows": 0, "kept": None, "keep_digest": None}
+    return {"keep_rows": int(state.get("keep_rows") or 0), "kept": int(state.get("kept") or 0),
+            "keep_digest": str(digest)[:12]}
 
 
 def list_checkpoints(data_dir) -> list[dict]:

@@ -7,6 +7,7 @@ could only be told to migrate by someone with a shell.
 
 from __future__ import annotations
 
+import re
 import time
 
 import httpx
@@ -114,6 +115,8 @@ def test_a_migration_job_keeps_the_re_embedded_rows_own_vectors(world):
     assert job["state"] == "succeeded", job
     rep = job["result"]["report"]
     assert rep["rows"] == 300 and rep["kept"] == 4 and rep["keep_not_found"] == 1
+    row = {d["name"]: d for d in world["client"].get("/v1/migrations").json()["data"]}["h_src-to-h_keep"]
+    assert row["keep_rows"] == 5 and row["kept"] == 4 and re.fullmatch("[0-9a-f]{12}", row["keep_digest"]), row
     with open_store(world["url"]) as s:
         got = s.fetch("h_keep", np.arange(300) * 3).vectors
     np.testing.assert_allclose(got[rows], Y[:4], rtol=0, atol=1e-6)
@@ -325,6 +328,7 @@ def test_the_migrations_list_shows_every_checkpoint_of_the_data_dir(world, tmp_p
     row = by_name["h_src-to-h_list"]
     assert row["finished"] and row["done"] == row["total"] == 300 and row["fraction"] == 1.0
     assert row["source"] == "h_src" and row["target"] == "h_list" and row["last_id"] == 897
+    assert row["keep_rows"] == 0 and row["kept"] is None and row["keep_digest"] is None  # no keep set
     assert "not JSON" in by_name["x-to-y"]["error"] and by_name["x-to-y"].get("done") is None
     page = c.get("/v1/migrations", params={"limit": 1}).json()
     assert len(page["data"]) == 1 and page["next"]

@@ -90,6 +90,10 @@ def test_kept_rows_hold_their_own_vectors_and_the_others_are_as_without_them(cap
     w = world
     code, _, err = _migrate(capsys, w, "k_plain")
     assert code == 0, err
+    code, out, _ = _migrate(capsys, w, "k_plain", "--status", "--json")
+    assert code == 0 and json.loads(out)["keep_rows"] == 0 and json.loads(out)["keep_digest"] is None, out
+    code, out, _ = _migrate(capsys, w, "k_plain", "--status")
+    assert code == 0 and "finished" in out and "keep" not in out, out
     code, out, err = _migrate(capsys, w, "k_kept", "--keep-ids", w["ids_file"], "--keep-vectors", w["vectors"],
                               "--json")
     assert code == 0, err
@@ -125,10 +129,18 @@ def test_a_resume_with_the_same_keep_files_gives_the_uninterrupted_target_and_ot
         assert s.count("k_other") == 90
     finally:
         s.close()
+    # --status said nothing of the keep set: a person resuming learnt of it only from the refusal below
+    code, out, err = _migrate(capsys, w, "k_other", "--status", "--json")
+    st = json.loads(out)
+    assert code == 0 and st["keep_rows"] == len(KEEP) + 1 and 0 < st["kept"] < len(KEEP), st  # Qdrant: UUID order
+    code, out, err = _migrate(capsys, w, "k_other", "--status")
+    assert code == 0 and (f"; keeping 8 re-embedded rows as given (keep set digest {st['keep_digest']}, {st['kept']} "
+                          "written so far): resume with the same --keep-ids/--keep-vectors") in out, out
     other = w["dir"] / "other.npy"
     np.save(other, w["Y"][::-1].copy())  # the same ids with each other's vectors: another keep set
     code, _, err = _migrate(capsys, w, "k_other", "--keep-ids", w["ids_file"], "--keep-vectors", other)
     assert code == 2 and "checkpoint was written keeping 8 re-embedded rows" in err, err
+    assert f"(digest {st['keep_digest']})" in err  # the status names the digest the refusal names
     assert "--keep-ids / --keep-vectors" in err
     code, _, err = _migrate(capsys, w, "k_other")  # and without any
     assert code == 2 and "this run keeps none" in err, err
