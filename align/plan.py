@@ -292,7 +292,7 @@ def _check_plan_options(target_retention, target_ks, repeats, distractors) -> tu
 def plan_migration(X_old, probe_src, probe_tgt, *, random_state=0, target_retention: float = 0.95,
                    target_ks=DEFAULT_TARGET_KS, repeats: int = 2, methods=("procrustes", "ridge"),
                    distractors: int = 8192, select_rows: bool = True, queries=None, old_queries=None,
-                   relevant=None, old_is_sample: bool = False, progress=None, rows_k=None,
+                   relevant=None, old_is_sample: bool = False, progress=None, rows_k=None, keep: bool = False,
                    names: tuple[str, str, str] = ("X_old", "probe_src", "probe_tgt")) -> dict:
     r"""A plan before the fit, from the old corpus and a small paired probe.
 
@@ -317,6 +317,9 @@ def plan_migration(X_old, probe_src, probe_tgt, *, random_state=0, target_retent
         e.g. its command-line options or JSON fields).
     rows_k : ``rows_to_embed`` for this many rows (a budget, 1 to n) instead of the recommended K, drawn where and
         as the plan draws its own: the recommended K given as ``rows_k`` gives the plan's own rows.
+    keep : the migration keeps its K re-embedded rows' own new-model vectors (``transform --keep-rows``,
+        ``migrate --keep-ids``, :func:`align.keep_native_rows`): the recommendation (3.) reads each K's ``kept``
+        forecast instead of ``retention``, never a larger K (``kept`` ≥ ``retention``). Not with ``old_is_sample``.
 
     Method
     ------
@@ -331,7 +334,7 @@ def plan_migration(X_old, probe_src, probe_tgt, *, random_state=0, target_retent
        ± 2 × (residual std + spread across repeats), clipped to [0, 1]; each K's forecast is of one method
        (:func:`forecast_per_k`: within the probe's K the higher curve there, beyond it the best method at
        the largest probe K, extrapolated).
-    3. Recommendation: the smallest K of ``target_ks`` whose prediction reaches
+    3. Recommendation: the smallest K of ``target_ks`` whose prediction (``kept`` with ``keep``) reaches
        ``target_retention`` (else the largest), that K's method (``"contrastive"``-capable ``"auto"``
        when K ≥ 1,000; ``forecast_method`` is the closed-form method the forecast is of, and a note says that
        ``auto`` may fit another family, which the interval does not forecast: see :data:`AUTO_NOTE`), and
@@ -351,7 +354,8 @@ def plan_migration(X_old, probe_src, probe_tgt, *, random_state=0, target_retent
     vectors in the corpus, :func:`align.keep_native_rows`, see :func:`~align.learning_curve.kept_forecast`), with
     labelled queries ``native`` (R@10 of the queries: ``new_probe``, ``old_probe``, ``old_corpus`` measured, ``new_corpus_estimate`` and the ``slope_ratio`` / ``shrink`` behind it; a note says when keeping the
     old model is predicted to do as well; ``labelled`` instead when their estimate is inconsistent, see 4.),
-    ``recommended`` (``method``, ``forecast_method``, ``k``, ``whole_corpus``), ``rows_to_embed`` (indices; empty
+    ``recommended`` (``method``, ``forecast_method``, ``k``, ``whole_corpus``, ``forecast``: the forecast it read,
+    ``"retention"`` or with ``keep`` ``"kept"``), ``rows_to_embed`` (indices; empty
     with ``select_rows=False``, for callers such as a fit report that only want the forecast), ``notes``.
     """
     from .migration import _Problem, _fit_procrustes, _ridge
@@ -360,6 +364,9 @@ def plan_migration(X_old, probe_src, probe_tgt, *, random_state=0, target_retent
     Xo = as_matrix(X_old, name=n_old)
     check_callable("progress", progress)
     check_flag("select_rows", select_rows)
+    if check_flag("keep", keep) and old_is_sample:
+        raise InputError("keep reads the forecast for a migration that keeps its re-embedded rows, the share K / n of "
+                         "a corpus of n rows; a plan of a sample (old_is_sample) has no n and no such forecast")
     rows_k = None if rows_k is None else check_number("rows_k", rows_k, 1, Xo.shape[0], whole=True)  # before the work
     A, B = check_paired(probe_src, probe_tgt, names=(n_src, n_tgt), min_rows=1)
     # a repeated pair split across the curve's fitting and held-out halves is found by memory, and its copy is its
@@ -406,9 +413,9 @@ def plan_migration(X_old, probe_src, probe_tgt, *, random_state=0, target_retent
     dup = S_dup[:, 0] >= 0.9999
     if lab is not None:
         lab.prepare(val, extra, ~dup, rng)
-    keep = ~(dup & np.isin(I_dup[:, 0], val))  # the maps' distractors: all but the held-out texts
-    if lab is None and not keep.all():  # a sample of the corpus (the labelled estimate searches it with keep)
-        extra = extra[keep]
+    others = ~(dup & np.isin(I_dup[:, 0], val))  # the maps' distractors: all but the held-out texts
+    if lab is None and not others.all():  # a sample of the corpus (the labelled estimate searches it with others)
+        extra = extra[others]
     top = pool.size
     # labelled: the curve from top / 8 up (the steep start below it says little about the K a migration uses,
     # and its spread across subsets would dominate the interval)
@@ -430,7 +437,7 @@ def plan_migration(X_old, probe_src, probe_tgt, *, random_state=0, target_retent
                     vals.append(nn_retention(T_val, fitted._apply(A[val], output="raw"),
                                              extra_M=fitted._apply(extra, output="raw")))
                 else:
-                    vals.append(lab.estimate(fitted, A[val], extra, keep))
+                    vals.append(lab.estimate(fitted, A[val], extra, others))
                 done += 1
                 report("learning curve", done / n_fits)
             curve[m].append({"k": k, "mean": float(np.mean(vals)), "spread": float(np.std(vals))})
@@ -448,7 +455,8 @@ def plan_migration(X_old, probe_src, probe_tgt, *, random_state=0, target_retent
             return _inconsistent_labelled(curve, native, over, int(lab.Q.shape[0]), plan_migration(
                 X_old, probe_src, probe_tgt, random_state=random_state, target_retention=target_retention,
                 target_ks=target_ks, repeats=repeats, methods=methods, distractors=distractors,
-                select_rows=select_rows, old_is_sample=old_is_sample, progress=progress, names=names, rows_k=rows_k))
+                select_rows=select_rows, old_is_sample=old_is_sample, progress=progress, names=names, rows_k=rows_k,
+                keep=keep))
     fits = {m: _curve_fit(curve[m], lab is not None) for m in methods}
     best = max(methods, key=lambda m: curve[m][-1]["mean"])  # at the probe's largest K
     predicted = forecast_per_k(fits, best, target_ks, top, dim=A.shape[1])
@@ -465,20 +473,22 @@ def plan_migration(X_old, probe_src, probe_tgt, *, random_state=0, target_retent
             q["r10"] = float(q["retention"] * r_new) if np.isfinite(r_new) else float("nan")
             if "kept" in q:
                 q["kept"]["r10"] = float(q["kept"]["retention"] * r_new) if np.isfinite(r_new) else float("nan")
-    reach = [q for q in predicted if q["retention"] >= target_retention or q["k"] >= n_old]
+    read = (lambda q: q["kept"]) if keep else (lambda q: q)  # the forecast the recommendation reads
+    reach = [q for q in predicted if read(q)["retention"] >= target_retention or q["k"] >= n_old]
     rec = min(reach, key=lambda q: q["k"]) if reach else max(predicted, key=lambda q: q["k"])
     k_rec = int(min(rec["k"], n_old))
     k_rows = min(k_rec, Xo.shape[0])
     raw_overlap = knn_overlap(A, B)
     overlap = _beyond_chance(raw_overlap, 10, p)
     notes = [FLOOR_NOTE if lab is None else LABELLED_NOTE]
+    kept_rows = " with its re-embedded rows kept (the kept forecast)" if keep else ""
     if not reach:
-        notes.append(f"no K in {list(target_ks)} is predicted to reach retention {target_retention}; "
+        notes.append(f"no K in {list(target_ks)} is predicted to reach retention {target_retention}{kept_rows}; "
                      f"the largest is recommended")
     if k_rec == n_old:
         notes.append(f"the recommended K is the whole old corpus ({n_old} rows): no smaller K of {list(target_ks)} "
-                     f"is predicted to reach retention {target_retention}, so re-embed every row with the new model "
-                     f"instead of migrating")
+                     f"is predicted to reach retention {target_retention}{kept_rows}, so re-embed every row with the "
+                     f"new model instead of migrating")
     if overlap < ALIGNABLE:
         notes.append(f"alignability {overlap:.3f} < {ALIGNABLE}: unsupervised alignment is not expected to work; "
                      f"use pairs")
@@ -494,10 +504,10 @@ def plan_migration(X_old, probe_src, probe_tgt, *, random_state=0, target_retent
     if extrapolated:
         notes.append(EXTRAPOLATED_NOTE.format(top=top, p=p, ks=", ".join(f"{k:,}" for k in extrapolated)))
     last = last_migrated(predicted)
-    if native is not None and np.isfinite(last["r10"]) and last["r10"] <= native["old_corpus"]:
+    if native is not None and np.isfinite(read(last)["r10"]) and read(last)["r10"] <= native["old_corpus"]:
         notes.append(f"keeping the old model is predicted to be at least as good: its R@10 of these queries over the "
-                     f"corpus is {native['old_corpus']:.3f}, the migrated index's {last['r10']:.3f} at "
-                     f"K = {last['k']} (native new model: {native['new_corpus_estimate']:.3f})")
+                     f"corpus is {native['old_corpus']:.3f}, the migrated index's{kept_rows} {read(last)['r10']:.3f} "
+                     f"at K = {last['k']} (native new model: {native['new_corpus_estimate']:.3f})")
     if k_rec >= 1000 and k_rec != n_old:  # "auto" below: the forecast is not of what it fits
         notes.append(AUTO_NOTE.format(m=rec["method"], k=k_rec))
     peak = max(((m, q) for m in methods for q in curve[m]), key=lambda mq: mq[1]["mean"])
@@ -517,12 +527,13 @@ def plan_migration(X_old, probe_src, probe_tgt, *, random_state=0, target_retent
         "n_probe": int(p), "n_probe_repeated": int(n_given - p), "n_probe_holdout": int(val.size),
         "metric": ("nn_retention@10 (simulated labelled retention) on held-out probe" if lab is None else
                    "labelled R@10 retention of the given queries, estimated for the whole corpus"),
-        **({} if lab is None else {"n_queries": int(lab.Q.shape[0]), "n_corpus": int(keep.sum() + val.size),
+        **({} if lab is None else {"n_queries": int(lab.Q.shape[0]), "n_corpus": int(others.sum() + val.size),
                                    "native": native}),
         "curve": curve, "best_method": best, "fit": fits[best], "fits": fits,
         "predicted": predicted, "target_retention": float(target_retention),
         "recommended": {"method": "auto" if k_rec >= 1000 else rec["method"], "forecast_method": rec["method"],
-                        "k": k_rec, "whole_corpus": bool(k_rec == n_old)},
+                        "k": k_rec, "whole_corpus": bool(k_rec == n_old),
+                        "forecast": "kept" if keep else "retention"},
         "rows_to_embed": chosen,
         "notes": notes,
     }

@@ -112,3 +112,60 @@ def test_a_plan_of_a_sample_of_unknown_size_forecasts_no_kept_rows():
     X, Y = _planted(n=1200)
     plan = align.plan_migration(X, X[:600], Y[:600], target_ks=(100, 1000), select_rows=False, old_is_sample=True)
     assert all("kept" not in q for q in plan["predicted"])
+
+
+def _reads(keep: bool):
+    """The forecast a plan's recommendation reads per K: ``kept`` with ``keep``, else the row itself."""
+    return (lambda q: q["kept"]) if keep else (lambda q: q)
+
+
+@settings(max_examples=12, deadline=None)
+@given(n=st.integers(400, 3000), noise=st.floats(0.1, 1.5), target=st.floats(0.05, 1.0), seed=st.integers(0, 2**16),
+       ks=st.lists(st.sampled_from([60, 100, 300, 1000, 2000, 5000]), min_size=1, max_size=4, unique=True))
+def test_keep_never_recommends_more_rows_and_each_recommendation_reaches_its_own_forecast(n, noise, target, seed, ks):
+    """Issue 16: the recommendation read the every-row-mapped ``retention`` even for a migration that keeps its
+    re-embedded rows, whose ``kept`` forecast (never lower) reaches a target at a smaller K on a small corpus. With
+    ``keep`` it reads ``kept``: the same forecasts, a K no larger, and each the smallest K whose own forecast reaches
+    the target (the whole corpus, or the largest K with a note, when none does)."""
+    rng = np.random.default_rng(seed)
+    X = rng.standard_normal((n, 16)).astype(np.float32)
+    Y = (X @ np.linalg.qr(rng.standard_normal((16, 16)))[0] + noise * rng.standard_normal((n, 16))).astype(np.float32)
+    kw = {"random_state": seed, "target_retention": target, "target_ks": tuple(ks), "select_rows": False}
+    plans = {keep: align.plan_migration(X, X[:200], Y[:200], keep=keep, **kw) for keep in (False, True)}
+    assert plans[True]["predicted"] == plans[False]["predicted"]  # keep changes what is read, not the forecast
+    assert plans[True]["recommended"]["k"] <= plans[False]["recommended"]["k"]
+    for keep, plan in plans.items():
+        rec, read = plan["recommended"], _reads(keep)
+        assert rec["forecast"] == ("kept" if keep else "retention")
+        row = next(q for q in plan["predicted"] if q["k"] == rec["k"])
+        reached = [q["k"] for q in plan["predicted"] if read(q)["retention"] >= target or q.get("whole_corpus")]
+        if reached:
+            assert rec["k"] == min(reached) and (read(row)["retention"] >= target or rec["whole_corpus"])
+        else:  # none reaches: the largest, and a note says so
+            assert rec["k"] == max(q["k"] for q in plan["predicted"])
+            assert any(f"reach retention {target}" in note for note in plan["notes"])
+
+
+def test_keep_recommends_the_smaller_k_whose_kept_forecast_reaches_the_target():
+    """A 1,500-row corpus: at K = 1,000 the every-row-mapped forecast stays under a target that the kept one (2/3 of
+    the queries' documents re-embedded) passes; without keep the plan said re-embed the whole corpus."""
+    X, Y = _planted(n=1500, d=16)
+    kw = {"target_ks": (100, 300, 1000, 3000), "select_rows": False}
+    at = {q["k"]: q for q in align.plan_migration(X, X[:300], Y[:300], **kw)["predicted"]}
+    target = (at[1000]["retention"] + at[1000]["kept"]["retention"]) / 2  # between the two forecasts at K = 1,000
+    assert at[300]["kept"]["retention"] < target and at[100]["kept"]["retention"] < target  # the data allow the case
+    plain = align.plan_migration(X, X[:300], Y[:300], target_retention=target, **kw)
+    kept = align.plan_migration(X, X[:300], Y[:300], target_retention=target, keep=True, **kw)
+    assert plain["recommended"]["k"] == 1500 and plain["recommended"]["whole_corpus"]
+    rec = kept["recommended"]
+    assert (rec["k"], rec["whole_corpus"], rec["forecast"], rec["method"]) == (1000, False, "kept", "auto")
+    assert plain["recommended"]["forecast"] == "retention"
+    assert not any("whole old corpus" in note for note in kept["notes"])
+
+
+@pytest.mark.parametrize("kw, match", [({"keep": "yes"}, "keep must be true or false"),
+                                       ({"keep": True, "old_is_sample": True}, "old_is_sample")])
+def test_keep_refuses_a_non_flag_and_a_sample_of_unknown_size(kw, match):
+    X, Y = _planted(n=600)
+    with pytest.raises(InputError, match=match):
+        align.plan_migration(X, X[:200], Y[:200], select_rows=False, **kw)
