@@ -291,15 +291,18 @@ class APICalls(SteerCalls, TagCalls, Calls):
     # --- migration: plan and gate ---------------------------------------------------------------
     @call
     def plan(self, old, probe_source, probe_target, *, target_retention: float = 0.95, random_state: int | None = 0,
-             queries=None, old_queries=None, relevant: Sequence[int] | None = None, k: int | None = None) -> dict:
+             queries=None, old_queries=None, relevant: Sequence[int] | None = None, k: int | None = None,
+             keep: bool = False) -> dict:
         """``POST /v1/plans``: plan migrating the corpus ``old`` (n, d_old) from a paired probe (``probe_source``
         (p, d_old), ``probe_target`` (p, d_new), row i the same text); with labelled ``queries`` (q, d_new),
         ``old_queries`` (q, d_old) and each one's ``relevant`` probe row, their retention is predicted. Synchronous:
         seconds to a minute; raise ``timeout`` for big corpora. ``random_state``: as :meth:`fit`'s. ``k``:
-        ``rows_to_embed`` for that many rows (``plan --k``), not the recommended K's."""
+        ``rows_to_embed`` for that many rows (``plan --k``), not the recommended K's. ``keep``: the recommendation
+        reads the forecast for a migration that keeps its re-embedded rows (``plan --keep``)."""
         body = clean({"old": b64(old, "old"), "probe_source": b64(probe_source, "probe_source"),
                       "probe_target": b64(probe_target, "probe_target"), "target_retention": float(target_retention),
-                      "random_state": random_state, "k": k, **labelled(queries, old_queries, relevant)})
+                      "random_state": random_state, "k": k, "keep": bool(keep),
+                      **labelled(queries, old_queries, relevant)})
         return (yield from self._json("POST", "/v1/plans", json=body, retry=True))
 
     @call

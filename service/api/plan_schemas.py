@@ -48,6 +48,9 @@ class Recommendation(_Open):
                                                   "`auto` may fit another family, which usually measures above it.")
     k: int
     whole_corpus: bool
+    forecast: Literal["retention", "kept"] = Field(
+        ..., description="The forecast the recommendation read: `retention` (every row mapped), or with `keep` "
+                         "`kept` (the re-embedded rows keep their own vectors).")
 
 
 class PlanResponse(_Open):

@@ -292,6 +292,10 @@ class PlanRequest(_Strict):
     old_queries: _Vectors | None = Field(None, description="The same queries under the old model.")
     relevant: list[Count] | None = Field(None, description="Each query's relevant document: its row in the probe.")
     k: count(1) | None = Field(None, description="`rows_to_embed` for this many rows, not the recommended K.")
+    keep: bool = Field(False, description="The migration keeps its K re-embedded rows' own new-model vectors "
+                                          "(`vecbridge transform --keep-rows`, `migrate --keep-ids`): the "
+                                          "recommendation reads each K's `kept` forecast instead of `retention` "
+                                          "(`recommended.forecast` says which), never a larger K.")
 
 
 class EvaluateRequest(_Strict):

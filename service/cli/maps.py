@@ -389,6 +389,10 @@ def eval_cmd(obj: Ctx, ref, min_top1, min_retention, queries_path, queries_rows,
 @click.option("--k", "rows_k", type=click.IntRange(1), default=None,
               help="Give the rows to re-embed (--rows-out, rows_to_embed) for this many rows, a budget of yours, "
                    "instead of for the recommended K (drawn as the plan draws its own, with --random-state).")
+@click.option("--keep", is_flag=True, default=False,
+              help="You will keep the re-embedded rows' own new-model vectors in the migrated corpus (`transform "
+                   "--keep-rows`, `migrate --keep-ids`): the recommended K is the smallest whose 'rows kept' forecast "
+                   "reaches --target-retention, not its every-row-mapped retention (never a larger K).")
 @click.option("--queries", "queries_path", type=click.Path(dir_okay=False), default=None,
               help="Labelled queries, new-model vectors: the plan then predicts their labelled R@10 retention over "
                    "the whole --old corpus (the figure `eval --queries` measures) instead of a proxy. Needs "
@@ -401,14 +405,15 @@ def eval_cmd(obj: Ctx, ref, min_top1, min_retention, queries_path, queries_rows,
 @quiet_opt
 @click.pass_obj
 def plan_cmd(obj: Ctx, old, old_rows, probe_source, probe_target, probe_rows, target_retention, random_state,
-             rows_out, rows_k, queries_path, old_queries_path, relevant_path, as_json, quiet):
+             rows_out, rows_k, keep, queries_path, old_queries_path, relevant_path, as_json, quiet):
     """Before a migration: alignability, expected retention vs K, recommended method and K, rows to re-embed.
 
     Without --queries the retention is nn_retention@10 of the probe's held-out half among up to 8,192 mapped rows
     of --old as distractors, over the same search among the native rows: a ratio (it can exceed 1; a note says
     so), not the figure `vecbridge eval --min-retention` gates on without queries (the held-out rows alone, no
     distractors). From K = 1,000 the recommended method is auto, while the forecast is of a closed-form method
-    (forecast_method in --json), usually a floor for what auto fits."""
+    (forecast_method in --json), usually a floor for what auto fits. With --keep the recommended K reads the 'rows
+    kept' column (recommended.forecast in --json: kept) for a migration that keeps the rows it re-embedded."""
     given = [x is not None for x in (queries_path, old_queries_path, relevant_path)]
     if any(given) and not all(given):
         raise InputError("--queries, --old-queries and --relevant go together (labelled queries over the probe)")
@@ -429,7 +434,7 @@ def plan_cmd(obj: Ctx, old, old_rows, probe_source, probe_target, probe_rows, ta
     try:
         res = plan(X_old, A, B, random_state=random_state, target_retention=target_retention, queries=Q,
                    old_queries=Qo, relevant=rel, progress=progress, names=("--old", "--probe-source", "--probe-target"),
-                   k=rows_k, k_name="--k")
+                   k=rows_k, k_name="--k", keep=keep)
     finally:
         close()
     if old_rows is not None:  # the plan numbers the rows it was given: rows_to_embed index --old itself (as
@@ -455,14 +460,15 @@ def plan_cmd(obj: Ctx, old, old_rows, probe_source, probe_target, probe_rows, ta
                      + ("  (the whole corpus, re-embedded)" if q.get("whole_corpus") else ""))
     lines.append("  (rows kept: with the re-embedded rows' own vectors in the migrated corpus, `transform --keep-rows "
                  "ROWS --keep-vectors NEW`)")
-    nat = res.get("native")
+    nat, rec = res.get("native"), res["recommended"]
     if nat:
+        last = last_migrated(res["predicted"])
         lines.append(f"R@10 of your queries: new model {nat['new_probe']:.3f} over the probe -> ~"
                      f"{nat['new_corpus_estimate']:.3f} over the corpus (estimated); old model {nat['old_probe']:.3f}"
-                     f" -> {nat['old_corpus']:.3f} (measured: keeping it); migrated at K = "
-                     f"{last_migrated(res['predicted'])['k']}: ~{last_migrated(res['predicted'])['r10']:.3f}")
-    rec = res["recommended"]
+                     f" -> {nat['old_corpus']:.3f} (measured: keeping it); migrated at K = {last['k']}: "
+                     + (f"~{last['kept']['r10']:.3f} (rows kept)" if keep else f"~{last['r10']:.3f}"))
     lines.append(f"recommended: method {rec['method']}, K = {rec['k']} rows to re-embed"
+                 + (" (read from the rows kept forecast: --keep)" if rec["forecast"] == "kept" else "")
                  + (f" (written to {res['rows_out']})" if rows_out and rows_k is None else "")
                  + (f"; the forecast is of {rec['forecast_method']}, not of auto (see the notes)"
                     if rec["method"] != rec["forecast_method"] and not rec["whole_corpus"] else ""))

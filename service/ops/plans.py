@@ -77,14 +77,16 @@ def check_semi_supervised(params: dict | None, unpaired: bool) -> None:
 def plan(X_old: np.ndarray, probe_src: np.ndarray, probe_tgt: np.ndarray, *, random_state=0,
          target_retention: float = 0.95, queries=None, old_queries=None, relevant=None, progress=None,
          names: tuple[str, str, str] = ("old", "probe_source", "probe_target"), k: int | None = None,
-         k_name: str = "k") -> dict:
+         k_name: str = "k", keep: bool = False) -> dict:
     """The plan of :func:`align.plan_migration` (JSON-safe dict); with labelled ``queries`` (new model),
     ``old_queries`` (the same, old model) and ``relevant`` (probe rows), of their labelled retention.
     ``progress(stage, fraction)`` follows its learning curve and row selection. ``names``: what the errors call
     the three sets (default: the HTTP fields; the CLI passes its options). ``k`` (called ``k_name`` in errors):
     ``rows_to_embed`` holds the rows to re-embed for that budget (also ``rows_k``) instead of the recommended K's,
     drawn as the plan draws its own (the recommended K as ``k`` gives the plan's own rows); more than the rows of
-    ``X_old`` is refused before the plan runs. Work that can be stopped
+    ``X_old`` is refused before the plan runs. ``keep``: the migration keeps its re-embedded rows' own new-model
+    vectors, so the recommendation reads each K's ``kept`` forecast (``recommended.forecast`` says which it read).
+    Work that can be stopped
     (:func:`service.progress.run_stoppable`: an HTTP client that left) stops at the next report."""
     n_old = np.shape(X_old)[0] if np.ndim(X_old) == 2 else None
     if isinstance(k, (int, np.integer)) and not isinstance(k, bool) and n_old is not None and k > n_old:
@@ -93,7 +95,7 @@ def plan(X_old: np.ndarray, probe_src: np.ndarray, probe_tgt: np.ndarray, *, ran
     res = align.plan_migration(X_old, probe_src, probe_tgt, random_state=random_state,
                                target_retention=target_retention, queries=queries, old_queries=old_queries,
                                relevant=None if relevant is None else np.asarray(relevant),
-                               progress=stoppable(progress), names=names, rows_k=k)
+                               progress=stoppable(progress), names=names, rows_k=k, keep=keep)
     if k is not None:
         res["rows_k"] = int(k)
     return res

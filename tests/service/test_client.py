@@ -754,3 +754,12 @@ def test_plan_takes_k_as_plan_k_does(vb, server):
     with pytest.raises(ValidationError) as e:
         vb.plan(X[:300], X[:200], Y[:200], k=301)
     assert "k 301 is more rows than old holds (300)" in e.value.message
+
+
+def test_plan_takes_keep_as_plan_keep_does(vb, server):
+    """``keep`` (``plan --keep``, HTTP ``keep``): the recommendation reads the forecast with the rows kept, never a
+    larger K."""
+    _, X, Y, _ = server
+    plain, kept = (vb.plan(X[:300], X[:200], Y[:200], target_retention=0.99, keep=keep) for keep in (False, True))
+    assert (plain["recommended"]["forecast"], kept["recommended"]["forecast"]) == ("retention", "kept")
+    assert kept["predicted"] == plain["predicted"] and kept["recommended"]["k"] <= plain["recommended"]["k"]

@@ -80,6 +80,61 @@ def test_plan_cli_table_json_and_rows_file(capsys, data):
     assert all(q["low"] <= q["retention"] <= q["high"] for q in plan["predicted"])
 
 
+def _splitting_target(predicted: list[dict]) -> tuple[float, int, int]:
+    """A target retention that the ``kept`` forecast reaches at a smaller K than ``retention`` does, and the K each
+    recommendation should then be (the smallest whose forecast reaches it; the whole corpus always does)."""
+    for q in predicted:
+        t = (q["retention"] + q["kept"]["retention"]) / 2
+        plain = min(p["k"] for p in predicted if p["retention"] >= t or p.get("whole_corpus"))
+        keep = min(p["k"] for p in predicted if p["kept"]["retention"] >= t)
+        if keep < plain:
+            return t, plain, keep
+    raise AssertionError(f"no target separates the two forecasts: {predicted}")
+
+
+def test_plan_cli_keep_recommends_from_the_rows_kept_forecast_and_says_so(capsys, data):
+    """Issue 16: `plan` recommended the K whose every-row-mapped retention reaches the target even for a migration
+    that keeps its re-embedded rows (`transform --keep-rows`), whose 'rows kept' forecast reaches it at a smaller K
+    on a small corpus. `--keep` reads that column, and both the table and --json say which forecast was read."""
+    d = data
+    args = ["--data-dir", d / "var", "plan", "--old", d / "old.npy", "--probe-source", d / "old.npy",
+            "--probe-target", d / "new.npy", "--probe-rows", "0:300", "--random-state", "3"]
+    code, out, err = run(capsys, *args, "--json")
+    assert code == 0, err
+    target, k_plain, k_keep = _splitting_target(json.loads(out)["predicted"])
+    args += ["--target-retention", repr(target)]
+    code, out, err = run(capsys, *args, "--json")
+    assert code == 0, err
+    assert json.loads(out)["recommended"]["k"] == k_plain and json.loads(out)["recommended"]["forecast"] == "retention"
+    code, out, err = run(capsys, *args, "--keep", "--json", "--rows-out", d / "rows.npy")
+    assert code == 0, err
+    plan = json.loads(out)
+    assert plan["recommended"]["k"] == k_keep and plan["recommended"]["forecast"] == "kept"
+    assert np.load(d / "rows.npy").size == k_keep  # the rows to re-embed are those of the kept K
+    code, out, err = run(capsys, *args, "--keep")
+    assert code == 0 and f"K = {k_keep} rows to re-embed (read from the rows kept forecast: --keep)" in out, err
+    code, out, err = run(capsys, *args)
+    assert code == 0 and f"K = {k_plain} rows to re-embed" in out and "rows kept forecast" not in out, err
+
+
+def test_http_plan_keep_reads_the_kept_forecast_and_refuses_what_is_no_bool(tmp_path):
+    X, Y = _pairs()
+    base = {"old": _b64(X), "probe_source": _b64(X[:300]), "probe_target": _b64(Y[:300]), "random_state": 3}
+    with TestClient(create_app(settings_for(tmp_path))) as c:
+        r = c.post("/v1/plans", json=base, headers=R)
+        assert r.status_code == 200, r.text
+        target, k_plain, k_keep = _splitting_target(r.json()["predicted"])
+        answers = {}
+        for keep in (False, True):
+            r = c.post("/v1/plans", json={**base, "target_retention": target, "keep": keep}, headers=R)
+            assert r.status_code == 200, r.text
+            answers[keep] = r.json()["recommended"]
+        assert (answers[False]["k"], answers[False]["forecast"]) == (k_plain, "retention")
+        assert (answers[True]["k"], answers[True]["forecast"]) == (k_keep, "kept")
+        r = c.post("/v1/plans", json={**base, "keep": "sometimes"}, headers=R)  # a bool as pydantic reads one
+        assert r.status_code == 422 and "keep" in r.text, r.text
+
+
 def test_plan_shows_progress_on_stderr_unless_quiet_or_json(capsys, data):
     """A labelled plan over a 40,960-row corpus ran ~20 s without a sign of life; its learning curve and row
     selection now draw bars on stderr when it is a terminal (the plan itself unchanged); into a log (stderr not a
@@ -164,6 +219,9 @@ def test_plan_cli_with_labelled_queries_predicts_their_retention_over_the_corpus
     plan = json.loads(out)
     assert plan["n_queries"] == 80 and plan["metric"].startswith("labelled")
     assert all(q["low"] <= q["retention"] <= q["high"] for q in plan["predicted"])
+    last = next(q for q in reversed(plan["predicted"]) if not q.get("whole_corpus"))
+    code, out, err = run(capsys, *args, "--keep")  # the migrated R@10 shown is that of the rows kept
+    assert code == 0 and f"migrated at K = {last['k']}: ~{last['kept']['r10']:.3f} (rows kept)" in out, err
     code, out, err = run(capsys, *args[:-4])  # --queries without --old-queries / --relevant
     assert code == 2 and "go together" in err
     code, out, err = run(capsys, *args[:-1], d / "q_new.npy")  # floats are not rows

@@ -38,9 +38,11 @@ of the methods' curves there, beyond it the best at the probe's largest K; `extr
 of at least the size of `old` are one row at that size, retention 1, `whole_corpus`; `kept`: the same for a
 migration that keeps its K re-embedded rows' own vectors, `share + (1 - share) x retention` with `share` = K / the
 size of `old`),
-`recommended` (`method` and K, at most the size of `old`; `whole_corpus`: no smaller K is predicted to do, re-embed it
-all; `forecast_method`: the method the forecast is of, a closed-form one, where from K = 1,000 `method` is `auto`,
-which may fit a contrastive or cluster map: a note says the interval is then a floor for what `auto` fits, which
+`recommended` (`method` and K, at most the size of `old`: the smallest K whose `retention` reaches
+`target_retention`, or with `keep` its `kept` forecast, for a migration that keeps the rows it re-embedded, never a
+larger K; `forecast` says which it read; `whole_corpus`: no smaller K is predicted to do, re-embed it all;
+`forecast_method`: the method the forecast is of, a closed-form one, where from K = 1,000 `method` is `auto`, which
+may fit a contrastive or cluster map: a note says the interval is then a floor for what `auto` fits, which
 usually measures above it, not a prediction of it), `rows_to_embed` (k-means++ coverage rows of `old` for that K;
 with `k`, for that many rows instead, and `rows_k` says so).
 With labelled `queries` (new model), `old_queries` (the same queries, old model) and each one's `relevant` probe
@@ -70,7 +72,7 @@ async def create_plan(request: Request, state: StateDep, settings: SettingsDep):
         old, a, b, q, qo = (_vectors(raw, k, settings, bools) for k in ("old", "probe_source", "probe_target",
                                                                         "queries", "old_queries"))
         return plan(old, a, b, random_state=opts.random_state, target_retention=opts.target_retention, queries=q,
-                    old_queries=qo, relevant=opts.relevant, k=opts.k)
+                    old_queries=qo, relevant=opts.relevant, k=opts.k, keep=opts.keep)
 
     async with state.heavy.slot("plan"):
         return FastJSONResponse(await state.heavy.run(work, request))
