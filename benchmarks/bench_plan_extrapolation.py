@@ -55,7 +55,9 @@ def load(cache: Path, corpus: str, fit_from: str = "corpus", tree: Path = ROOT) 
             "rel": pos[data["relevant"][ok]]}
 
 
-def plans(d: dict, seeds, probe: int, n_queries: int) -> dict:
+def plans(d: dict, seeds, probe: int, n_queries: int, **plan_kw) -> dict:
+    """Per seed a labelled plan of the corpus (``plan_kw``: more of ``align.plan_migration``'s options, e.g.
+    ``target_retention``, ``keep``): its forecasts, curve, recommendation and the queries it drew."""
     import align
 
     out = {}
@@ -68,10 +70,10 @@ def plans(d: dict, seeds, probe: int, n_queries: int) -> dict:
         pr = np.sort(np.concatenate([need, fill]))
         plan = align.plan_migration(d["Do"], d["Do"][pr], d["Dn"][pr], random_state=seed, target_ks=KS,
                                     select_rows=False, queries=d["Qn"][qi], old_queries=d["Qo"][qi],
-                                    relevant=np.searchsorted(pr, d["rel"][qi]))
+                                    relevant=np.searchsorted(pr, d["rel"][qi]), **plan_kw)
         out[str(seed)] = {"predicted": plan["predicted"], "curve": plan["curve"], "fits": plan["fits"],
                           "best": plan["best_method"], "top": plan["n_probe"] - plan["n_probe_holdout"],
-                          "queries": qi.tolist()}
+                          "queries": qi.tolist(), "recommended": plan["recommended"]}
     return out
 
 
