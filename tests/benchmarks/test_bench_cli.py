@@ -182,3 +182,27 @@ def test_steer_benchmark_draws_no_ndcg_figure_without_ndcg_data(tmp_path, capsys
     assert steer.panel_title(task, "e5", curve, "ndcg_kept").endswith("e5 (area -0.125)")
     assert steer.panel_title(task, "e5", {"area_vs_mean_shift": 0.25}, "ndcg_kept").endswith("e5 (no nDCG data)")
     assert steer.panel_title(task, "e5", {"area_vs_mean_shift": 0.25}, "overlap").endswith("e5 (area +0.250)")
+
+
+def test_plan_keep_table_judges_each_recommendation_by_the_kept_workflow_measured_there():
+    """bench_plan_keep.py: a recommended K is judged by the kept workflow's measured retention at that K (the whole
+    corpus by definition 1), and the smallest K measured to reach the target is the hindsight answer it is held to."""
+    bench = load_benchmark("bench_plan_keep")
+    meas = {"native": "1111", "kept|ridge|1000": ["1100"], "kept|ridge|3000": ["1110"], "kept|auto|3000": ["1111"]}
+    rec = {"whole": {"k": 8192, "whole_corpus": True, "method": "auto", "forecast_method": "ridge"},
+           "3000": {"k": 3000, "whole_corpus": False, "method": "auto", "forecast_method": "ridge"},
+           "1000": {"k": 1000, "whole_corpus": False, "method": "auto", "forecast_method": "ridge"}}
+    predicted = [{"k": 1000, "method": "ridge", "kept": {"retention": 0.6}},
+                 {"k": 3000, "method": "ridge", "kept": {"retention": 0.8}},
+                 {"k": 8192, "method": "ridge", "whole_corpus": True, "kept": {"retention": 1.0}}]
+    cell = {"queries": [0, 1, 2, 3], "predicted": predicted,
+            "0.7": {"plain": rec["whole"], "keep": rec["3000"]}, "0.8": {"plain": rec["whole"], "keep": rec["3000"]}}
+    text = bench.table({"1000": {"0": cell}}, meas, [0.7, 0.8])
+    assert "| 0.7 | 1000 | 0 | 8,192 (whole) | 3,000 | 0.800 | 0.750 (ridge) / 1.000 | yes, auto yes | " \
+           "1 (all re-embedded) | 3,000 |" in text
+    assert "| 0.8 | 1000 | 0 | 8,192 (whole) | 3,000 | 0.800 | 0.750 (ridge) / 1.000 | no (-0.050), auto yes | " \
+           "1 (all re-embedded) | 8,192 |" in text
+    assert "target 0.7: keep recommended a smaller K in 1 of 1 plans" in text
+    assert "measured the target in 1 (auto's map 1 of 1); the recommended K was the smallest measured to reach it " \
+           "in 1 of 1 with keep, 0 without" in text
+    assert "target 0.8" in text and "measured the target in 0 (auto's map 1 of 1)" in text
