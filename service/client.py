@@ -112,6 +112,7 @@ from .client_tags import TagCalls, VersionRecord
 from .client_wire import (
     Artifact,
     alias_if_match,
+    as_flag,
     as_ints,
     as_list,
     b64,
@@ -301,7 +302,7 @@ class APICalls(SteerCalls, TagCalls, Calls):
         reads the forecast for a migration that keeps its re-embedded rows (``plan --keep``)."""
         body = clean({"old": b64(old, "old"), "probe_source": b64(probe_source, "probe_source"),
                       "probe_target": b64(probe_target, "probe_target"), "target_retention": float(target_retention),
-                      "random_state": random_state, "k": k, "keep": bool(keep),
+                      "random_state": random_state, "k": k, "keep": as_flag(keep, "keep") or None,
                       **labelled(queries, old_queries, relevant)})
         return (yield from self._json("POST", "/v1/plans", json=body, retry=True))
 
@@ -316,7 +317,7 @@ class APICalls(SteerCalls, TagCalls, Calls):
         (the server's default 10,000) a sample of that many drawn with ``random_state`` is ranked against all n
         (``n_queries``, ``intervals`` in the answer)."""
         body = clean({"source": b64(source, "source"), "target": b64(target, "target"), "side": side,
-                       "min_retention": min_retention, "min_top1": min_top1, "csls": bool(csls),
+                       "min_retention": min_retention, "min_top1": min_top1, "csls": as_flag(csls, "csls"),
                        "csls_weight": csls_weight, "max_queries": max_queries, "random_state": random_state,
                        **labelled(queries, old_queries, relevant)})
         return (yield from self._json("POST", f"/v1/maps/{_seg(ref)}/evaluate", json=body, retry=True))

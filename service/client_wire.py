@@ -28,8 +28,8 @@ import pybase64
 from align.exceptions import InputError, NotRepresentableError, ShapeError
 from align.validation import check_no_underflow
 
-__all__ = ["HEADROOM", "OVERHEAD", "Artifact", "Base64Text", "alias_if_match", "as_count", "as_ints", "as_list",
-           "as_seconds",
+__all__ = ["HEADROOM", "OVERHEAD", "Artifact", "Base64Text", "alias_if_match", "as_count", "as_flag", "as_ints",
+           "as_list", "as_seconds",
            "as_version", "b64", "b64_bytes", "b64_row_bytes", "b64_text", "clean", "cut",
            "dumps", "float32_rows", "json_sizes", "labelled", "matrix", "new_key", "pinned", "rows", "seg", "side",
            "spans"]
@@ -77,6 +77,14 @@ def as_count(v, name: str, least: int) -> int:
     if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < least:
         raise InputError(f"{name} must be an integer >= {least}, got {v!r}")
     return int(v)
+
+
+def as_flag(v, name: str) -> bool:
+    """``v`` as a flag: a bool (numpy's too); :class:`InputError` for anything else before a request goes out
+    (``bool()`` sent ``"false"`` and ``"no"`` as true, where the service and :mod:`align` refuse them)."""
+    if not isinstance(v, (bool, np.bool_)):
+        raise InputError(f"{name} must be True or False, got {v!r} ({type(v).__name__})")
+    return bool(v)
 
 
 def as_ints(values, name: str, *, width: int | None = None) -> list | None:

@@ -763,3 +763,9 @@ def test_plan_takes_keep_as_plan_keep_does(vb, server):
     plain, kept = (vb.plan(X[:300], X[:200], Y[:200], target_retention=0.99, keep=keep) for keep in (False, True))
     assert (plain["recommended"]["forecast"], kept["recommended"]["forecast"]) == ("retention", "kept")
     assert kept["predicted"] == plain["predicted"] and kept["recommended"]["k"] <= plain["recommended"]["k"]
+    # bool() sent "false" and "no" as keep: true (a review's find); a flag is a bool, refused before any request
+    for bad in ("false", "no", 1, None):
+        with pytest.raises(InputError, match="keep must be True or False"):
+            vb.plan(X[:300], X[:200], Y[:200], keep=bad)
+    with pytest.raises(InputError, match="csls must be True or False"):
+        vb.evaluate("nope", X[:20], Y[:20], csls="false")
