@@ -117,9 +117,9 @@ def table(rec: dict, meas: dict, targets) -> str:
                                 else f"{m_plain:.3f}") + f" | {best:,} |")
         out.append(f"- target {t:g}: keep recommended a smaller K in {s['smaller']} of {s['plans']} plans (mean "
                    f"{np.mean(s['saved']):,.0f} fewer rows, at most {max(s['saved']):,}); where it recommended "
-                   f"migrating ({s['migrated']} plans) the kept workflow measured the target in {s['reach']} (auto's map "
-                   f"{s['reach_auto']} of {s['auto']}); the recommended K was the smallest measured to reach it in "
-                   f"{s['right_keep']} of {s['plans']} with keep, {s['right_plain']} without")
+                   f"migrating ({s['migrated']} plans) the kept workflow measured the target in {s['reach']} "
+                   f"(auto's map {s['reach_auto']} of {s['auto']}); the recommended K was the smallest measured to "
+                   f"reach it in {s['right_keep']} of {s['plans']} with keep, {s['right_plain']} without")
     return "\n".join(lines + [""] + out) + "\n"
 
 
