@@ -714,3 +714,26 @@ def test_the_estimate_counts_texts_csls_and_ef_search(world, hnsw_index):
     assert estimate(k=5, csls=True, csls_k=1000) > estimate(k=5, csls=True, csls_k=10) > estimate(k=5)
     # at the real bound: one query text keeps its one hop, a batch of them takes the compute gate
     assert estimate(k=5, texts=["q"]) <= index_routes.HEAVY_SEARCH_WORK < estimate(k=5, texts=["q"] * 8)
+
+
+def test_a_small_searchs_answer_bytes_are_pinned(world, monkeypatch):
+    """The exact bytes of a batch search answer, on the event loop's shortcut and on the route: key order, no
+    spaces, ints as ints, scores as JSON floats, one list of hits per query (what clients parse byte for byte)."""
+    c, app, _ = world
+    E = np.eye(16, dtype=np.float32)[:8]  # unit rows: each query below finds its own row with a score of exactly 1
+    app.state.vb.indexes.create("pin", "b", E, dim=16, payloads=[{"row": i} for i in range(8)])
+    Q = 2 * E[[3, 5]]
+    head = b'{"index":"pin","space":"b","query_space":"b","k":1,"scoring":"cosine","maps":[],"steers":[],'
+    plain = head + b'"results":[[{"id":3,"score":1.0}],[{"id":5,"score":1.0}]]}'
+    with_payloads = head + (b'"results":[[{"id":3,"score":1.0,"payload":{"row":3}}],'
+                            b'[{"id":5,"score":1.0,"payload":{"row":5}}]]}')
+    b64 = base64.b64encode(Q.tobytes()).decode()
+    for body, want in [({"vectors": Q.tolist(), "space": "b", "k": 1, "include_payloads": False}, plain),
+                       ({"vectors_b64": b64, "dim": 16, "space": "b", "k": 1, "include_payloads": False}, plain),
+                       ({"vectors": Q.tolist(), "space": "b", "k": 1, "include_payloads": True}, with_payloads)]:
+        fast, slow = both(c, monkeypatch, "POST", "/v1/indexes/pin/search", **js(body))
+        assert fast.status_code == 200, fast.text
+        assert fast.content == want, fast.content
+        assert slow.content == want, slow.content
+        assert fast.headers["content-type"] == slow.headers["content-type"] == "application/json"
+        assert fast.headers["content-length"] == str(len(want))
