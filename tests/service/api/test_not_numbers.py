@@ -137,3 +137,30 @@ def test_every_json_rows_route_still_refuses_a_boolean(tmp_path):
             assert r.status_code == 422, (url, r.text)
             assert "row 2 holds a JSON boolean" in r.text or "target.vectors.2.3" in r.text \
                 or "probe_target" in r.text, (url, r.text)
+
+
+def test_a_search_looks_for_booleans_only_among_json_rows(tmp_path, monkeypatch):
+    """Issue 11 (the per-request floor): base64 rows hold no JSON booleans, and their text is full of the letters
+    the look starts from (``u``, ``l``): a batch-1 ``vectors_b64`` search spent ~6 µs looking. It is now made only
+    when the rows come as a JSON list, where a ``true`` is still a 422."""
+    import base64
+
+    from service.api import codec
+
+    looked: list[bytes] = []
+    real = codec.may_hold_bools
+    monkeypatch.setattr(codec, "may_hold_bools", lambda body: looked.append(body) or real(body))
+    with served_world(tmp_path) as (c, app, world):
+        app.state.vb.indexes.create("ix", "b", world["Y"][:50], dim=16)
+        Q = world["Y"][:2]
+        b64 = {"vectors_b64": base64.b64encode(Q.tobytes()).decode(), "dim": 16, "space": "b", "k": 3}
+        r = c.post("/v1/indexes/ix/search", headers=R, json=b64)
+        assert r.status_code == 200, r.text
+        assert looked == []
+        rows = Q.tolist()
+        assert c.post("/v1/indexes/ix/search", headers=R, json={"vectors": rows, "space": "b", "k": 3}).json() \
+            == r.json()
+        assert looked  # JSON rows: looked at
+        rows[1][4] = True
+        bad = c.post("/v1/indexes/ix/search", headers=R, json={"vectors": rows, "space": "b", "k": 3})
+        assert bad.status_code == 422 and "row 1 holds a JSON boolean" in bad.text, bad.text
