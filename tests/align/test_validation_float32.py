@@ -99,3 +99,59 @@ def test_zero_rows_use_no_python_level_any(monkeypatch):
     monkeypatch.setattr(np, "any", lambda *a, **k: (_ for _ in ()).throw(AssertionError("np.any")))
     X = np.ones((2, 3), np.float32)
     assert check_no_zero_rows(X) is X
+
+
+@st.composite
+def float64_rows(draw):
+    shape = draw(st.sampled_from([(1, 384), (3, 5), (64, 16), (1, 1), (2000, 80)]))  # the last: past one block
+    X = np.random.default_rng(draw(st.integers(0, 2**16))).standard_normal(shape)
+    flat = X.reshape(-1)
+    for _ in range(draw(st.integers(0, 4))):
+        flat[draw(st.integers(0, X.size - 1))] = draw(st.sampled_from(
+            [np.nan, np.inf, -np.inf, 0.0, -0.0, 1e39, -1e39, 3.4e38, 1e-46, 1e-300, 5e-324]))
+    if draw(st.booleans()):
+        X[draw(st.integers(0, X.shape[0] - 1))] = draw(st.sampled_from([0.0, 1e-300, -1e-50]))  # tiny or zero row
+    return X
+
+
+@settings(max_examples=200, deadline=None)
+@given(X=float64_rows(), finite=st.booleans())
+def test_wide_float_rows_are_checked_as_the_rules_say(X, finite):
+    """float64 rows (every JSON request): values beyond float32's range, non-zero rows that float32 reads as zero,
+    then NaN/Inf, each counted by rows and said in that order; else the float32 copy."""
+    big = float(np.finfo(np.float32).max)
+    huge = int((np.isfinite(X) & (np.abs(X) > big)).any(axis=1).sum())
+    with np.errstate(over="ignore"):
+        narrow = X.astype(np.float32)
+    lost = int(((narrow == 0).all(axis=1) & (X != 0).any(axis=1)).sum())
+    bad = int((~np.isfinite(narrow)).any(axis=1).sum())
+    got = outcome(as_matrix, X, name="queries", finite=finite)
+    if huge:
+        assert got == ("NonFiniteError", f"queries: {huge} row(s) hold values beyond float32's range (±3.4e38); "
+                                         f"scale them down")
+    elif lost:
+        assert got == ("NotRepresentableError", f"queries: {lost} non-zero row(s) have every value below float32's "
+                                                f"smallest (~1.4e-45) and would read as all-zero rows; scale them up")
+    elif bad and finite:
+        assert got == ("NonFiniteError", f"queries: {bad} row(s) contain NaN or Inf")
+    else:
+        assert got[0] == "ok" and same(got, ("ok", narrow)), got
+
+
+def test_a_small_wide_float_batch_in_range_is_checked_without_a_count(monkeypatch):
+    """Issue 11: a batch-1 JSON transform's (1, 384) float64 rows were checked by the block-by-block counts of the
+    general case (an error-state context, a generator, ``np.any`` twice: ~8 µs of a ~15 µs check); one block whose
+    largest magnitude fits float32 has nothing to count, and the underflow look uses the reductions directly."""
+    X = np.random.default_rng(0).standard_normal((1, 384))
+
+    def boom(*_a, **_k):
+        raise AssertionError("a count made for rows that need none")
+
+    for name in ("any", "errstate"):
+        monkeypatch.setattr(np, name, boom)
+    got = as_matrix(X, name="vectors", dim=384)
+    assert got.dtype == np.float32 and np.array_equal(got, X.astype(np.float32))
+    monkeypatch.undo()
+    X[0, 3] = 1e39
+    with pytest.raises(Exception, match="1 row"):
+        as_matrix(X, name="vectors", dim=384)
