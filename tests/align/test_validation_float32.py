@@ -127,11 +127,11 @@ def test_wide_float_rows_are_checked_as_the_rules_say(X, finite):
     bad = int((~np.isfinite(narrow)).any(axis=1).sum())
     got = outcome(as_matrix, X, name="queries", finite=finite)
     if huge:
-        assert got == ("NonFiniteError", f"queries: {huge} row(s) hold values beyond float32's range (±3.4e38); "
-                                         f"scale them down")
+        assert got == ("NonFiniteError",
+                       f"queries: {huge} row(s) hold values beyond float32's range (±3.4e38); scale them down")
     elif lost:
-        assert got == ("NotRepresentableError", f"queries: {lost} non-zero row(s) have every value below float32's "
-                                                f"smallest (~1.4e-45) and would read as all-zero rows; scale them up")
+        why = f"{lost} non-zero row(s) have every value below float32's smallest (~1.4e-45)"
+        assert got == ("NotRepresentableError", f"queries: {why} and would read as all-zero rows; scale them up")
     elif bad and finite:
         assert got == ("NonFiniteError", f"queries: {bad} row(s) contain NaN or Inf")
     else:
