@@ -335,10 +335,12 @@ def transform_call(state, settings, ref: str, mt: str, body: bytes, *, query_opt
     hd = parse_strict_int(header_dim, "X-Vector-Dim", 1, MAX_DIM) if header_dim else None
     if dim and hd and dim != hd:  # the query's won silently
         raise InputError(f"?dim={dim} and X-Vector-Dim: {hd} disagree; send one row width")
-    opts = validate(TransformOptions, query_opts, "query")
+    # the query's options; none beside a JSON body: the body's own, with no query model made nor merged
+    opts = validate(TransformOptions, query_opts, "query") if query_opts or mt != JSON else None
     if mt == JSON:
         obj = parse_json(body, untyped=not typed, reads_binary=True)  # the message names the binary types
-        opts = _with_query(validate(TransformOptions, options_of(obj)), opts, query_opts)
+        body_opts = validate(TransformOptions, options_of(obj))
+        opts = body_opts if opts is None else _with_query(body_opts, opts, query_opts)
         X = vectors_from_json(obj, dim=m.source_dim, max_batch=settings.max_batch, finite=False,
                               bools=may_hold_bools(body))
         if (dim or hd) and (dim or hd) != X.shape[1]:  # ?dim= or X-Vector-Dim beside a JSON body: it was ignored

@@ -340,3 +340,27 @@ def test_one_query_skips_the_wide_norm_pass_but_not_its_limits(monkeypatch):
     assert len(calls) == 3
     with pytest.raises(DegenerateInputError, match="1 all-zero row"):
         kinds.prep_rows(np.full((1, 16), -0.0, np.float32), "cosine", "queries")
+
+
+def test_a_json_transform_without_query_options_makes_one_options_model(world, monkeypatch):
+    """A JSON transform with no query options validated an empty query model and then copied the body's model into
+    a merged one (~10 us of a batch-1 JSON transform): it now makes the body's alone. With a query option the two are
+    still merged, and still refused when they disagree."""
+    from service.api.routers import maps as map_routes
+    from service.api.schemas import TransformOptions
+
+    c, _, data = world
+    made: list[dict] = []
+    real = map_routes.validate
+    monkeypatch.setattr(map_routes, "validate", lambda model, obj, *a: (
+        made.append(dict(obj)) if model is TransformOptions else None) or real(model, obj, *a))
+    monkeypatch.setattr(TransformOptions, "model_copy", lambda *a, **k: pytest.fail("a merge with no query option"))
+    rows = data["X"][:2].tolist()
+    url = "/v1/maps/a2b/transform"
+    plain = c.post(url, headers=R, json={"vectors": rows, "output": "frame"})
+    assert plain.status_code == 200, plain.text
+    assert made == [{"output": "frame"}]  # the body's options, once
+    monkeypatch.undo()
+    queried = c.post(url + "?output=frame", headers=R, json={"vectors": rows})
+    assert queried.status_code == 200 and queried.content == plain.content
+    assert c.post(url + "?output=frame", headers=R, json={"vectors": rows, "output": "raw"}).status_code == 422
