@@ -354,12 +354,14 @@ def test_a_json_transform_without_query_options_makes_one_options_model(world, m
     real = map_routes.validate
     monkeypatch.setattr(map_routes, "validate", lambda model, obj, *a: (
         made.append(dict(obj)) if model is TransformOptions else None) or real(model, obj, *a))
-    monkeypatch.setattr(TransformOptions, "model_copy", lambda *a, **k: pytest.fail("a merge with no query option"))
+    copies: list[dict] = []
+    real_copy = TransformOptions.model_copy
+    monkeypatch.setattr(TransformOptions, "model_copy", lambda self, **k: copies.append(k) or real_copy(self, **k))
     rows = data["X"][:2].tolist()
     url = "/v1/maps/a2b/transform"
     plain = c.post(url, headers=R, json={"vectors": rows, "output": "frame"})
     assert plain.status_code == 200, plain.text
-    assert made == [{"output": "frame"}]  # the body's options, once
+    assert made == [{"output": "frame"}] and copies == []  # the body's options, once; no merge
     monkeypatch.undo()
     queried = c.post(url + "?output=frame", headers=R, json={"vectors": rows})
     assert queried.status_code == 200 and queried.content == plain.content
