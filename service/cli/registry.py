@@ -113,7 +113,7 @@ def registry_delete(obj: Ctx, name, version):
 
 @registry.command("export")
 @click.argument("path", type=click.Path(path_type=Path))
-@click.option("--name", "names", multiple=True, help="Only these maps (repeatable).")
+@click.option("--name", "names", multiple=True, help="Only these maps and steers (repeatable).")
 @click.pass_obj
 def registry_export(obj: Ctx, path, names):
     """Write a bundle (PATH.zip, or a folder) with records, artifacts and reports."""

@@ -146,17 +146,17 @@ class _Reader:
 
 
 def export_bundle(reg, path: Path, names: list[str] | None = None) -> Path:
-    """Write every map and steer (or only the maps ``names``, no steers) with all versions, aliases, tags,
+    """Write every map and steer (or only the maps and steers ``names``) with all versions, aliases, tags,
     spaces and artifacts (a collected version: its record, without the files gc removed). A ``.zip`` or a folder
     appears whole or not at all (written aside, then renamed); a folder must be new or empty (an export used to
     merge into whatever was there, the data dir included)."""
-    chosen = {"maps": reg.list_maps() if names is None else [m for n in sorted(set(names)) for m in
-                                                             reg.list_maps(name=n)],  # not every map's summary
-              "steers": reg.list_steers() if names is None else []}
-    if names is not None:
-        missing = set(names) - {m["name"] for m in chosen["maps"]}
+    picked = None if names is None else sorted(set(names))  # each name's summaries, not every map's and steer's
+    chosen = {"maps": reg.list_maps() if picked is None else [m for n in picked for m in reg.list_maps(name=n)],
+              "steers": reg.list_steers() if picked is None else [s for n in picked for s in reg.list_steers(name=n)]}
+    if picked is not None:
+        missing = set(picked) - {m["name"] for m in chosen["maps"]} - {s["name"] for s in chosen["steers"]}
         if missing:
-            raise NotFoundError(f"unknown map(s): {sorted(missing)}")
+            raise NotFoundError(f"no map or steer named {', '.join(map(repr, sorted(missing)))}")
     as_zip = path.suffix.lower() == ".zip"  # (bundle.ZIP was written as a folder of that name)
     if as_zip and path.exists():  # replaced silently, where a folder export refuses a non-empty folder
         raise ConflictError(f"{path} exists: export into a new file (or remove it first)")
@@ -178,6 +178,7 @@ def _export(reg, w: _Writer, chosen: dict, names: list[str] | None) -> None:
         manifest = {"format": BUNDLE_FORMAT, "format_version": 1, "package_version": package_version(),
                     "exported_at": datetime.now(timezone.utc).isoformat(), "spaces": [], "maps": [], "steers": []}
         used_spaces = {m[c] for m in chosen["maps"] for c in ("source_space", "target_space")}
+        used_spaces |= {s["space"] for s in chosen["steers"]}
         written = set()  # artifacts are content-addressed: versions with the same bytes share one entry
         manifest["spaces"] = [s.to_dict() for s in reg.list_spaces() if names is None or s.name in used_spaces]
         for key, summaries in chosen.items():

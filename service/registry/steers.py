@@ -70,11 +70,13 @@ class SteerRegistryMixin:
     def list_steer_versions(self, name: str) -> list[SteerInfo]:
         return self.entities["steers"].list(name)
 
-    def list_steers(self, *, after: str | None = None, limit: int | None = None) -> list[dict]:
+    def list_steers(self, *, after: str | None = None, limit: int | None = None,
+                    name: str | None = None) -> list[dict]:
         """One dict per steer name: space, dim, latest live version, ``aliases`` {alias: version}, counts; in name
-        order, only the names after ``after``, the first ``limit`` (:meth:`~.entity.VersionedStore.summaries`)."""
+        order, only the names after ``after``, the first ``limit``, or only ``name``
+        (:meth:`~.entity.VersionedStore.summaries`)."""
         with self.db.tx() as t:
-            return self.entities["steers"].summaries(t, after=after, limit=limit)
+            return self.entities["steers"].summaries(t, after=after, limit=limit, name=name)
 
     def set_steer_alias(self, name: str, alias: str, version: int, *, expected=None) -> SteerInfo:
         """Point ``name@alias`` at ``version`` (moves an existing alias). Deleted version: ConflictError.

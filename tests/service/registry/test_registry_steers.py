@@ -156,6 +156,23 @@ def test_versions_sharing_an_artifact_export_it_once_and_import_bit_exact(reg, t
         assert reg.store.get(a.artifact_path, a.artifact_sha256) == other.store.get(b.artifact_path, b.artifact_sha256)
 
 
+def test_an_export_of_named_steers_carries_them_and_their_space_only(reg, tmp_path):
+    """`registry export --name STEER` failed with "unknown map(s)": a steer could not be exported alone. Names pick
+    maps and steers; the bundle holds them and the spaces they use, nothing else; a name of neither is refused."""
+    reg.register_steer("tone", _steer(0), space="sp", alias="prod")
+    reg.register_steer("other", _steer(1), space="sp2")
+    bundle = reg.export(tmp_path / "one.zip", ["tone"])
+    fresh = open_registry(f"sqlite:///{tmp_path}/fresh.sqlite", tmp_path / "fresh-artifacts")
+    counts = fresh.import_(bundle)
+    assert (counts["steers"], counts["steer_aliases"]) == (1, 1)
+    assert [s["name"] for s in fresh.list_steers()] == ["tone"] and fresh.resolve_steer("tone@prod").version == 1
+    assert [s.name for s in fresh.list_spaces()] == ["sp"]
+    np.testing.assert_array_equal(fresh.load_steer("tone").P1, reg.load_steer("tone").P1)
+    with pytest.raises(NotFoundError, match="no map or steer named 'nope'"):
+        reg.export(tmp_path / "two.zip", ["tone", "nope"])
+    assert not (tmp_path / "two.zip").exists()
+
+
 def test_tampered_artifact_is_an_integrity_error(reg):
     info = reg.register_steer("t", _steer(0), space="sp")
     path = reg.store.path(info.artifact_path)
