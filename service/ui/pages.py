@@ -102,11 +102,15 @@ async def ui_home(request: Request) -> RedirectResponse:
 fallback = APIRouter(include_in_schema=False)
 
 
-@fallback.get("/ui/{rest:path}")
-async def ui_not_found(request: Request, rest: str) -> HTMLResponse:
+@fallback.get("/ui/{rest:path}", response_model=None)
+async def ui_not_found(request: Request, rest: str) -> HTMLResponse | RedirectResponse:
     """A /ui address that names no page (a typo, an old bookmark): a 404 console page linking every page, where a
-    browser was shown the API's JSON error."""
-    return _render(request, "not_found.html", "Page not found", status_code=404, path="/ui/" + rest)
+    browser was shown the API's JSON error. A page's address with a trailing slash is redirected to the page, as
+    Starlette did before this route caught it."""
+    if any(rest.rstrip("/") == path.lstrip("/") for path, _, _ in PAGES) and rest.endswith("/"):
+        return RedirectResponse(_root(request) + "/ui/" + rest.rstrip("/"), status_code=307)
+    return _render(request, "not_found.html", "Page not found", status_code=404,
+                   path=_root(request) + "/ui/" + rest)
 
 
 @router.get("/docs")

@@ -290,7 +290,7 @@ def test_an_alias_too_long_is_told_the_limit(reg):
     """A 65-character alias was refused with "must start with a letter", which it did: the message now gives the
     64-character limit."""
     register(reg)
-    with pytest.raises(InvalidNameError, match="1-64 letters"):
+    with pytest.raises(InvalidNameError, match="1-64 ASCII letters"):
         reg.set_alias("a->b", "p" * 65, 1)
     assert reg.set_alias("a->b", "p" * 64, 1).aliases == ["p" * 64]
 

@@ -113,6 +113,10 @@ def test_an_unknown_console_address_gets_the_consoles_404_page(world):
     assert c.get("/ui/static/console.js").status_code == 200 and c.get("/ui/static/nope.js").status_code == 404
     assert c.get("/ui/static/nope.js").headers["content-type"].startswith("application/json")
     assert c.get("/ui/registry").status_code == 200
+    for path, _, _ in PAGES:  # a page's address with a trailing slash is redirected to it, as before the 404 page
+        r = c.get(f"/ui{path}/", follow_redirects=False)
+        assert r.status_code == 307 and r.headers["location"] == f"/ui{path}", path
+    assert c.get("/ui/registry/x").status_code == 404
 
 
 def test_ui_says_when_auth_is_off(tmp_path):

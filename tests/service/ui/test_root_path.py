@@ -119,6 +119,10 @@ def test_api_redirects_and_location_carry_the_prefix(proxied):
         assert r.headers["location"] == f"{PREFIX}/v1/jobs/{r.json()['id']}"
         r = c.get(f"{PREFIX}/ui")
         assert r.status_code == 307 and r.headers["location"] == f"{PREFIX}/ui/registry"
+        r = c.get(f"{PREFIX}/ui/jobs/")  # a page with a trailing slash, and the console's 404 page, under the prefix
+        assert r.status_code == 307 and r.headers["location"] == f"{PREFIX}/ui/jobs"
+        r = c.get(f"{PREFIX}/ui/nope")
+        assert r.status_code == 404 and f"<code>{PREFIX}/ui/nope</code>" in r.text
         r = c.get(f"{PREFIX}/v1/spaces/", headers=R)  # the router's trailing-slash redirect
         assert r.status_code == 307 and r.headers["location"] == f"{proxied}{PREFIX}/v1/spaces"
         assert c.get(f"{PREFIX}/v1/spaces", headers=R).json()["data"][0]["name"] == "a"
