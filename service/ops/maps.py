@@ -332,6 +332,8 @@ def run_fit(registry: Registry, *, name: str, source, target, method: str, param
     st.tick("register", 0.0)  # the last cancellation point: once registered, the fit has happened
     # the fitter's own stage seconds too ("fit: icp"...): the artifact leaves them out (same fit, same bytes)
     metrics["timings"] = {k: round(v, 4) for k, v in {**st.timings, **inner_timings(diag)}.items()}
+    if isinstance(map_.metadata.get("distributed"), dict):  # a sharded fit's record, its workers' peak memory too
+        metrics["distributed"] = dict(map_.metadata["distributed"])
     before = registry.resolve_bare(name)
     # a space the fit creates from texts records their encoder (a later text transform then needs no --encoder)
     encoders = {space: canonical_name(side["encoder"]) for key, space in (("source", source_space),

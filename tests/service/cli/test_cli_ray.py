@@ -41,6 +41,9 @@ def test_fit_with_ray_equals_in_process_fit(tmp_path):
     assert np.abs(a.W - b.W).max() < 1e-5
     assert b.metadata.get("distributed", {}).get("engine") == "ray"
     assert b.metadata["distributed"]["n_shards"] == 3  # --shard-rows 1000 over 3,000 rows
+    # the workers' peak memory stays out of the artifact (same fit, same bytes): the version's metrics record it
+    recorded = reg.resolve("viaray").metrics["distributed"]
+    assert recorded["n_shards"] == 3 and recorded["worker_peak_rss_mb"] > 0
     assert json.loads(distributed.stdout)
 
 
