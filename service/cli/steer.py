@@ -14,13 +14,13 @@ from align.exceptions import InputError, PairCountError
 
 from ..encoders import get_encoder
 from ..io import STREAM_SUFFIXES, check_not_input, read_texts, read_vectors
-from ..ops.steers import (bare_steer_ref, check_steer_eps, check_steer_fit, delete_steer_alias, delete_steer_version,
-                          describe_lens, embed_and_register, set_steer_alias, space_for_rows, steer_file, steer_lens,
-                          steer_text_encoder, transfer_and_register)
+from ..ops.steers import (bare_steer_ref, check_steer_eps, check_steer_fit, check_steer_rows, delete_steer_alias,
+                          delete_steer_version, describe_lens, embed_and_register, set_steer_alias, space_for_rows,
+                          steer_file, steer_lens, steer_text_encoder, transfer_and_register)
 from ..registry.names import parse_ref
 from ..storage import check_writable
 from ._common import (VERSION, Ctx, alias_command, echo_record, emit, emit_summaries, file_rows_opts, json_opt,
-                      parse_kv, progress_bar, quiet_opt, read_labels, register_opts, versions_summary,
+                      parse_kv, progress_bar, quiet_opt, read_labels, register_opts, versions_summary, warn,
                       warn_aliases_left)
 from .prune import prune_command
 
@@ -121,7 +121,7 @@ def steer_fit(obj: Ctx, space, vectors, texts, encoder, text_field, labels, name
     try:
         v = embed_and_register(reg, get_encoder, space=space, X=X, texts=items if X is None else None, encoder=encoder,
                                items=items, progress=progress, name=name, labels=y, params=params,
-                               random_state=random_state, alias=alias, description=description,
+                               random_state=random_state, alias=alias, description=description, warn=warn,
                                inputs={"via": "cli", "vectors": vectors and str(Path(vectors).resolve()),
                                        "texts": texts and str(Path(texts).resolve()),
                                        "labels": str(Path(labels).resolve())})
@@ -158,7 +158,7 @@ def steer_apply(obj: Ctx, ref, eps, inp, out, chunk_rows, rows, key, column, enc
     progress, close = progress_bar(quiet=quiet, as_json=as_json)
     try:
         res = steer_file(obj.registry, ref, eps, inp, out, chunk_rows=chunk_rows, rows=rows, key=key, column=column,
-                         encoder=encoder, text_field=text_field, progress=progress)
+                         encoder=encoder, text_field=text_field, progress=progress, warn=warn)
     finally:
         close()
     if res["note"] and not as_json:  # a .parquet's other columns, which a .npy / .fvecs output cannot hold
@@ -208,10 +208,15 @@ def steer_lens_cmd(obj: Ctx, ref, texts, vectors, encoder, k, directions, as_jso
     out = describe_lens(info, s, k=k, n_directions=directions)  # the lens stored at fit time
     if texts:
         items = read_texts(texts)
+        registered = reg.get_space(info.space).encoder
         if vectors:
             X = read_vectors(vectors, encoder_option=None)
         else:
-            X = read_vectors(texts, encoder=steer_text_encoder(reg, info.space, encoder))
+            X = read_vectors(texts, encoder=(encoder := steer_text_encoder(reg, info.space, encoder)))
+        if vectors or not registered:  # the space's own encoder embeds its rows; vectors, another may be anyone's
+            check_steer_rows(reg, X, info.space, use="lens", ref=info.ref, warn=warn,
+                             name=f"the rows of {Path(vectors).name}" if vectors else
+                             f"the texts of {Path(texts).name} embedded by {encoder}")
         out["directions"] = steer_lens(s, X, items, k=k, n_directions=directions)
     lines = [f"steer {info.ref}: sigma " + " ".join(f"{x:.3g}" for x in out["sigma"])]
     for d in out["directions"]:

@@ -16,6 +16,7 @@ a steer in the map's target space.
 from __future__ import annotations
 
 import hashlib
+from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
 import numpy as np
@@ -32,12 +33,13 @@ from ..limits import MAX_SEED, MAX_STEER_EPS
 from ..progress import Progress, silent
 from ..registry import ConflictError, InvalidNameError, NotFoundError
 from ..registry.names import MAX_NAME, check_alias, check_name
-from .transform import rows_through
+from ..spaces import check_rows, space_references
+from .transform import first_rows, rows_through
 
 __all__ = ["STEER_PARAMS", "STEER_METHOD_NAMES", "check_steer_params", "check_steer_fit", "fit_steer_job",
            "space_for_rows", "fit_and_register", "embed_and_register", "apply_steer_job", "steer_lens", "describe_lens",
            "set_steer_alias", "delete_steer_alias", "delete_steer_version", "bare_steer_ref", "transfer_and_register",
-           "steer_queries", "check_steer_eps", "steer_file", "steer_text_encoder"]
+           "steer_queries", "check_steer_eps", "steer_file", "steer_text_encoder", "check_steer_rows"]
 
 # Accepted fit parameters and their defaults (the API schema can mirror this). The seed is no parameter: it is the
 # fit's own `random_state` (every face has one, default 0).
@@ -206,10 +208,12 @@ def fit_and_register(registry, *, name: str, space: str, X: np.ndarray, labels, 
 
 def embed_and_register(registry, load_encoder: Callable, *, space: str, X: np.ndarray | None = None,
                        texts: Sequence[str] | None = None, encoder: str | None = None, items=None,
-                       inputs: dict | None = None, progress: Progress | None = None, **fit):
+                       inputs: dict | None = None, progress: Progress | None = None, references=None, warn=None,
+                       **fit):
     """:func:`fit_and_register` on ``X``, or on ``texts`` embedded with ``encoder`` (passages); registers
     ``space`` from the data when it is new (with the version, so a fit that fails leaves none), and refuses rows
-    of another width than a known space's."""
+    of another width than a known space's, and rows (texts embedded by another encoder than the space's) that
+    look like another space (:func:`check_steer_rows`; ``references``, ``warn`` as there)."""
     if X is None:
         (progress or silent)("encode", 0.0)
         enc = load_encoder(encoder)
@@ -221,6 +225,9 @@ def embed_and_register(registry, load_encoder: Callable, *, space: str, X: np.nd
         info = None  # created with the version, in its transaction: a fit that fails leaves no space behind
     if info is not None and X.shape[1] != info.dim:
         raise DimensionMismatchError(f"space {space!r} is {info.dim}-d, the rows have {X.shape[1]}")
+    if texts is None or info is None or not info.encoder:  # texts embedded by the space's own encoder are its rows
+        check_steer_rows(registry, X, space, use="fit", references=references, warn=warn,
+                         name="the rows" if texts is None else f"the texts embedded by {encoder}")
     inputs = {**(inputs or {}), "rows": int(X.shape[0]), **({"encoder": encoder} if encoder else {})}
     return fit_and_register(registry, space=space, X=X, items=items, inputs=inputs, progress=progress,
                             encoder=encoder, **fit)
@@ -258,20 +265,65 @@ def steer_text_encoder(registry, space: str, encoder: str | None) -> str:
     return enc
 
 
+#: how rows of another space are steered, fitted on or ranked, for the refusal (``{other}``: the space they look like)
+_ROWS_FIX = {
+    "fit": "if they are rows of {{other}}, fit the steer in that space (--space / space {{other}})",
+    "apply": "steer them with a steer of {{other}} (one fitted there, or {ref} carried there through a map from "
+             "{space!r}: `vecbridge steer transfer` / POST /v1/steers/{ref}/transfer), or map them into {space!r} "
+             "first (a map from {{other}})",
+    "lens": "rank rows of {space!r} (texts embedded by the space's encoder, or their vectors in it)",
+}
+
+
+def check_steer_rows(registry, X, space: str, *, use: str, name: str, ref: str | None = None, references=None,
+                     warn: Callable[[str], None] | None = None) -> None:
+    """Rows ``X`` (n, d) fitted on, steered or ranked (``use``: ``"fit"``, ``"apply"``, ``"lens"``) in ``space``
+    (steer ``ref``), checked as ``transform`` and ``index add`` check theirs (:func:`service.spaces.check_rows`
+    against the references of every space of their width: ``references()``, default the registry's, asked only for
+    ``MEAN_CHECK_MIN_ROWS`` rows or more): rows that another space clearly recognises are a SpaceMismatchError
+    naming it (a minilm steer applied to e5 rows answered with no word). ``warn(note)``: rows references exist for
+    but none recognises."""
+    X = np.asarray(X)
+    if X.ndim != 2:  # refused by shape where the rows are read
+        return
+    refs = references or (lambda: space_references(registry, X.shape[1]))
+    found = check_rows(X, space, refs, name=name, fix=_ROWS_FIX[use].format(ref=ref, space=space))
+    if found.warning and warn is not None:
+        warn(found.warning)
+
+
 def steer_file(registry, ref: str, eps: float, inp, out, *, chunk_rows: int = 65536, rows=None,
                key: str | None = None, column: str | None = None, encoder: str | None = None,
-               text_field: str = "text", progress: Progress | None = None) -> dict:
+               text_field: str = "text", progress: Progress | None = None,
+               warn: Callable[[str], None] | None = None) -> dict:
     """Steer the rows of file ``inp`` with steer ``ref`` at ``eps`` into file ``out``: the path of ``vecbridge
     transform`` (:func:`service.ops.transform.rows_through`), so a parquet's other columns (ids, payloads) go along
     row for row, ``rows`` / ``chunk_rows`` / ``key`` / ``column`` read as there, and a text file is embedded as
     queries with the steer's space's encoder (:func:`steer_text_encoder`). Returns ``{"steer", "eps", "rows",
-    "out", "dim", "note"}`` (``note``: the input's columns ``out`` cannot hold, else None)."""
+    "out", "dim", "note"}`` (``note``: the input's columns ``out`` cannot hold, else None).
+
+    The rows are checked to be the steer's space's (:func:`check_steer_rows`, ``warn`` as there): a vector file's
+    first rows before anything is read, texts embedded by another encoder than the space's registered one (a space
+    with none) in their first chunk, before anything is written."""
     eps = check_steer_eps(eps)
     info = registry.resolve_steer(ref)
     s = registry.load_steer(info)
-    if is_text_path(inp):
+
+    def check(X, name):
+        check_steer_rows(registry, X, info.space, use="apply", ref=info.ref, name=name, warn=warn)
+    text = is_text_path(inp)
+    if text:
+        registered = registry.get_space(info.space).encoder
         encoder = steer_text_encoder(registry, info.space, encoder)
-    res = rows_through(inp, out, lambda chunks: (apply_steer_job(Q, [(s, eps)]) for Q in chunks),
+    elif (first := first_rows(inp, rows=rows, key=key, column=column)) is not None and first.shape[1] == info.dim:
+        check(first, f"the rows of {Path(inp).name}")
+
+    def steered(chunks):
+        for i, Q in enumerate(chunks):
+            if i == 0 and text and not registered:  # embedded by a model the space does not name
+                check(Q, f"the texts of {Path(inp).name} embedded by {encoder}")
+            yield apply_steer_job(Q, [(s, eps)])
+    res = rows_through(inp, out, steered,
                        source_dim=info.dim, target_dim=info.dim, expects=f"steer {info.ref} is", chunk_rows=chunk_rows,
                        rows=rows, key=key, column=column, encoder=encoder, kind="query", text_field=text_field,
                        progress=progress, stage="steer")

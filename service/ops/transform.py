@@ -32,7 +32,7 @@ from ..storage import check_writable
 from ..tables import MappedWriter
 from ..vectordb.keep import check_keep
 
-__all__ = ["check_direction", "rows_through", "transform_file"]
+__all__ = ["check_direction", "check_direction_rows", "first_rows", "rows_through", "transform_file"]
 
 
 def transform_file(registry, ref: str, inp, out, *, chunk_rows: int = 65536, output: str = "raw", rows=None,
@@ -124,26 +124,43 @@ def _kept_rows(inp, rows, keep_rows, keep_vectors, dim: int, *, key=None, column
     return pos[by], Y[by]
 
 
+def first_rows(inp, *, rows=None, key: str | None = None, column: str | None = None) -> np.ndarray | None:
+    """The first :data:`~service.spaces.SPACE_SAMPLE_ROWS` rows of vectors file ``inp`` (``rows``, ``key``,
+    ``column`` as :func:`~service.io.iter_chunks`), what the rows checks read; None for none."""
+    chunks = iter_chunks(inp, chunk_rows=SPACE_SAMPLE_ROWS, rows=rows, key=key, column=column)
+    try:
+        return next(chunks, None)
+    finally:
+        chunks.close()
+
+
 def check_direction(v, m, inp, *, rows=None, key: str | None = None, column: str | None = None,
                     warn: Callable[[str], None] | None = None) -> None:
     """The first :data:`~service.spaces.SPACE_SAMPLE_ROWS` rows of vectors file ``inp`` against map ``m``'s two
     frames (``v``: its VersionInfo), as :func:`service.vectordb.migrate.check_rows_space` checks a collection: rows
-    that look like its target side are a SpaceMismatchError. Nothing for a map within one space, or rows of
-    another width (refused by width when read)."""
+    that look like its target side are a SpaceMismatchError (:func:`check_direction_rows`). Nothing for a map
+    within one space, or rows of another width (refused by width when read)."""
     if v.source_space == v.target_space:
         return
-    chunks = iter_chunks(inp, chunk_rows=SPACE_SAMPLE_ROWS, rows=rows, key=key, column=column)
-    try:
-        first = next(chunks, None)
-    finally:
-        chunks.close()
+    first = first_rows(inp, rows=rows, key=key, column=column)
     if first is None or first.ndim != 2 or first.shape[1] != m.source_dim:
         return
-    found = check_rows(first, v.source_space, map_references(v, m), name=f"the rows of {Path(inp).name}",
-                       fix=f"a map the wrong way round? Map them with a map from {{other}} (vecbridge transform "
-                           f"--map MAP: {v.ref} reads {v.source_space!r} rows); or, if they are {v.source_space!r} "
-                           f"rows, {v.ref} itself was fitted on swapped files (its sides, read from the rows it was "
-                           f"fitted on, hold the other way round): fit it again")
+    check_direction_rows(v, m, first, name=f"the rows of {Path(inp).name}", how="vecbridge transform --map MAP",
+                         warn=warn)
+
+
+def check_direction_rows(v, m, X: np.ndarray, *, name: str, how: str,
+                         warn: Callable[[str], None] | None = None) -> None:
+    """Rows ``X`` (n, source dim) against map ``m``'s two frames (``v``: its VersionInfo; :func:`check_rows` with
+    :func:`map_references`, built only for ``MEAN_CHECK_MIN_ROWS`` rows or more): rows that look like its target
+    side are a SpaceMismatchError whose fix names ``how`` a map is applied. Nothing for a map within one space."""
+    if v.source_space == v.target_space:
+        return
+    found = check_rows(X, v.source_space, lambda: map_references(v, m), name=name,
+                       fix=f"a map the wrong way round? Map them with a map from {{other}} ({how}: {v.ref} reads "
+                           f"{v.source_space!r} rows); or, if they are {v.source_space!r} rows, {v.ref} itself was "
+                           f"fitted on swapped files (its sides, read from the rows it was fitted on, hold the other "
+                           f"way round): fit it again")
     if found.warning and warn is not None:
         warn(found.warning)
 

@@ -59,10 +59,14 @@ def create_steer(body: bytes, request, state, settings):
     check_labels(opts.labels, n)  # values in {-1, 0, +1}, both signs present: now, not in a failed job
     if opts.items is not None and len(opts.items) != n:
         raise PairCountError(f"{len(opts.items)} items for {n} rows")
+    if X is not None:  # rows of another space: a 422 now, as POST /v1/maps/{ref}/transform, not a failed job
+        steer_ops.check_steer_rows(state.registry, X, opts.space, use="fit", name="the vectors",
+                                   references=lambda: state.space_references(X.shape[1]))
 
     def job(ctx):
         v = steer_ops.embed_and_register(
             state.registry, state.encoder, space=opts.space, X=X, texts=opts.texts, encoder=encoder,
+            references=None if X is None else (lambda: state.space_references(X.shape[1])),
             items=opts.items, inputs={"via": "http"}, progress=ctx.progress, name=opts.name, labels=opts.labels,
             params=opts.params, random_state=opts.random_state, alias=opts.alias, description=opts.description)
         return {"ref": v.ref, "steer": v.to_dict()}
@@ -91,6 +95,8 @@ async def apply_steer(ref: RefPath, request: Request, state: StateDep, settings:
         obj, opts = parse_options(body, SteerApplyOptions)
         info, steer = state.resolve_steer(ref)
         Q = vectors_from_json(obj, dim=info.dim, max_batch=settings.max_batch, bools=may_hold_bools(body))
+        steer_ops.check_steer_rows(state.registry, Q, info.space, use="apply", ref=info.ref, name="the vectors",
+                                   references=lambda: state.space_references(info.dim))
         return info, opts, steer_ops.apply_steer_job(Q, [(steer, opts.eps)])
 
     info, opts, out = await state.heavy.hop(work, len(body), request)
