@@ -119,6 +119,31 @@ def test_transform_refuses_rows_of_the_maps_target_side(world, capsys, tmp_path)
         assert err.count("vecbridge: warning:") <= 1, err
 
 
+def test_http_transform_refuses_rows_of_the_maps_target_side(world):
+    """QA: POST /v1/maps/{ref}/transform of e5 rows through minilm-e5 answered 200 (rows mapped the wrong way
+    round) where ``vecbridge transform`` exits 2; now a 422 in the same words, for a JSON and a binary body, while
+    the map's source rows, and a batch of one (the fast path, not checked), are answered as before."""
+    from fastapi.testclient import TestClient
+
+    from service.api import create_app
+    from service.config import Settings
+
+    mi, e5 = np.load(world["minilm"]), np.load(world["e5"])
+    app = create_app(Settings(data_dir=world["data"], api_keys=KEYS, demo_on_empty=False, log_level="WARNING",
+                              max_batch=1000, max_body_bytes=4_000_000))
+    url = "/v1/maps/minilm-e5@prod/transform"
+    with TestClient(app) as c:
+        r = c.post(url, headers=R, json={"vectors": e5[:200].tolist()})
+        assert r.status_code == 422 and "look like space 'e5', not 'minilm'" in r.text, r.text
+        assert "wrong way round" in r.text, r.text
+        raw = np.ascontiguousarray(e5[:200], "<f4").tobytes()
+        r = c.post(f"{url}?dim=384", headers={**R, "Content-Type": "application/octet-stream"}, content=raw)
+        assert r.status_code == 422 and "look like space 'e5', not 'minilm'" in r.text, r.text
+        for rows in (mi[:200], e5[:1]):
+            r = c.post(url, headers=R, json={"vectors": rows.tolist()})
+            assert r.status_code == 200 and r.json()["shape"] == [len(rows), 384], r.text
+
+
 def test_fit_refuses_swapped_files_and_a_side_of_another_space(world, capsys):
     base = ("fit", "--pairs", "--method", "procrustes", "--source-space", "minilm", "--target-space", "e5",
             "--rows", "3000:3400", "--quiet", "--name")

@@ -15,6 +15,7 @@ from align.exceptions import DimensionMismatchError, InputError
 
 from ...limits import MAX_DIM, parse_strict_int
 from ...ops import maps as map_ops
+from ...ops.transform import check_direction_rows
 from ...registry import parse_ref
 from ...registry.cache import LRUCache
 from ..codec import (JSON, NPY, OCTET, b64_encode, check_query, may_hold_bools, media_type, npy_bytes, options_of,
@@ -351,6 +352,9 @@ def transform_call(state, settings, ref: str, mt: str, body: bytes, *, query_opt
         X = vectors_from_binary(body, mt, dim=d, max_batch=settings.max_batch, finite=False)
         if d != m.source_dim:
             raise DimensionMismatchError(f"vectors: map {v.ref} expects {m.source_dim} columns, got {d}")
+    # rows of the map's target space (a map the wrong way round): refused as `vecbridge transform` refuses them;
+    # fewer than MEAN_CHECK_MIN_ROWS rows (the batch-1 fast path) are not read
+    check_direction_rows(v, m, X, name="the vectors", how="POST /v1/maps/MAP/transform")
     # NaN/Inf: checked by the apply (a linear map reads it off the row norms it computes anyway: no pass of its own)
     Y = m.apply(X, output=opts.output, name="vectors")
     json_answer = mt == JSON or prefers_json(accept, mt)
