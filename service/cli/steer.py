@@ -6,6 +6,7 @@ Each command parses, calls one operation of :mod:`service.ops.steers` (``embed_a
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import click
@@ -16,7 +17,7 @@ from ..encoders import get_encoder
 from ..io import STREAM_SUFFIXES, check_not_input, read_texts, read_vectors
 from ..ops.steers import (bare_steer_ref, check_steer_eps, check_steer_fit, check_steer_rows, delete_steer_alias,
                           delete_steer_version, describe_lens, embed_and_register, set_steer_alias, space_for_rows,
-                          steer_file, steer_lens, steer_text_encoder, transfer_and_register)
+                          steer_file, steer_lens, steer_text_encoder, transfer_and_register, unreliable_steer_note)
 from ..registry.names import parse_ref
 from ..storage import check_writable
 from ._common import (VERSION, Ctx, alias_command, echo_record, emit, emit_summaries, file_rows_opts, json_opt,
@@ -27,6 +28,19 @@ from .prune import prune_command
 __all__ = ["steer"]
 
 _ref_opt = click.option("--steer", "ref", required=True, help="NAME, NAME@alias or NAME:version.")
+_allow_unreliable_opt = click.option(
+    "--allow-unreliable", is_flag=True,
+    help="Exit 0 even when the steer is flagged unreliable (registered either way, flagged in its metrics): its own "
+         "held-out check does not separate its labels, or it was carried through a map (or from a steer) flagged so.")
+
+
+def _exit_if_unreliable(v, allow: bool) -> None:
+    """Exit 1 after a registration flagged unreliable (as ``vecbridge fit`` does for a map), unless ``allow``."""
+    if unreliable_steer_note(v) and not allow:
+        click.echo(f"vecbridge: {v.ref} is flagged UNRELIABLE ({v.metrics.get('unreliable_reason')}): it stays in the "
+                   f"registry for inspection, but may not move results toward its labels; exit 1 (--allow-unreliable "
+                   f"to accept)", err=True)
+        sys.exit(1)
 
 
 @click.group()
@@ -93,9 +107,10 @@ prune_command(steer, "steers", "steer")
               help="Fit method  [default: local]")
 @click.option("--param", "params", multiple=True, help="KEY=VALUE fit parameter (JSON values), repeatable.")
 @register_opts
+@_allow_unreliable_opt
 @click.pass_obj
 def steer_fit(obj: Ctx, space, vectors, texts, encoder, text_field, labels, name, rank, method, params, random_state,
-              alias, description, as_json, quiet):
+              alias, description, as_json, quiet, allow_unreliable):
     """Fit a steer and register it as the next version of NAME."""
     if not vectors and not texts:
         raise click.UsageError("give --vectors or --texts")
@@ -129,6 +144,7 @@ def steer_fit(obj: Ctx, space, vectors, texts, encoder, text_field, labels, name
         close()
     emit(v.to_dict(), as_json, f"registered steer {v.ref} ({v.method}, rank {v.rank}, space {v.space})"
                                f"{' as @' + alias if alias else ''}")
+    _exit_if_unreliable(v, allow_unreliable)
 
 
 @steer.command("apply")
@@ -174,8 +190,9 @@ def steer_apply(obj: Ctx, ref, eps, inp, out, chunk_rows, rows, key, column, enc
 @click.option("--alias", default=None, help="Point this alias at the new version.")
 @click.option("--description", default="", help="Free text kept with the version.")
 @json_opt
+@_allow_unreliable_opt
 @click.pass_obj
-def steer_transfer(obj: Ctx, ref, map_ref, name, alias, description, as_json):
+def steer_transfer(obj: Ctx, ref, map_ref, name, alias, description, as_json, allow_unreliable):
     """Carry a steer through a map into the map's target space and register it there.
 
     W_B = H^T W_A H (H = pinv(M)^T), with the map's frames folded in so that eps moves results about
@@ -184,6 +201,7 @@ def steer_transfer(obj: Ctx, ref, map_ref, name, alias, description, as_json):
     emit(v.to_dict(), as_json, f"registered steer {v.ref} in space {v.space} (carried from "
                                f"{v.params.get('steer', ref)} through {v.params.get('map', map_ref)}; eps scale "
                                f"{v.metrics.get('eps_scale', 1.0):.3g}){' as @' + alias if alias else ''}")
+    _exit_if_unreliable(v, allow_unreliable)
 
 
 alias_command(steer, "Point steer NAME@ALIAS at VERSION (or --delete it); a bare NAME means its prod version "

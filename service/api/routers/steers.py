@@ -36,6 +36,8 @@ baseline); the answer (202) carries the job id. On success the job's `result` ho
 registered `steer` version. Rows are `vectors`, `vectors_b64` + `dim`, or `texts` (embedded with
 `encoder`, default the space's); `labels` give one value per row (+1 / -1 / 0 neutral).
 The lens is stored with the version when the rows have names (`texts`, or `items` with vectors).
+A steer whose own held-out check does not separate its labels is registered flagged unreliable
+(`metrics.reliable` false, `metrics.unreliable_reason`; the job's `notes` say so).
 `Idempotency-Key` works as for map fits.
 """
 
@@ -69,7 +71,8 @@ def create_steer(body: bytes, request, state, settings):
             references=None if X is None else (lambda: state.space_references(X.shape[1])),
             items=opts.items, inputs={"via": "http"}, progress=ctx.progress, name=opts.name, labels=opts.labels,
             params=opts.params, random_state=opts.random_state, alias=opts.alias, description=opts.description)
-        return {"ref": v.ref, "steer": v.to_dict()}
+        note = steer_ops.unreliable_steer_note(v)  # registered either way; the job succeeds (as a map fit's)
+        return {"ref": v.ref, "steer": v.to_dict(), "notes": [note] if note else []}
 
     return job, f"steer fit {opts.name}"
 
@@ -152,6 +155,8 @@ async def delete_steer_version(name: NamePath, version: VersionPath, state: Stat
 async def transfer_steer(ref: RefPath,
                          body: Annotated[SteerTransferRequest, Body(openapi_examples=examples("transfer_steer"))],
                          state: StateDep):
+    """A steer carried through a map flagged unreliable, or from a steer flagged so, is registered flagged
+    unreliable: `metrics.reliable` false, `metrics.unreliable_reason` saying which (`metrics.map_reliable`)."""
     info = await run_in_threadpool(steer_ops.transfer_and_register, state.registry, ref, body.map, name=body.name,
                                    alias=body.alias, description=body.description, load_map=state.resolve_map,
                                    load_steer=state.resolve_steer)
