@@ -223,7 +223,7 @@ def steer_lens_cmd(obj: Ctx, ref, texts, vectors, encoder, k, directions, as_jso
     reg = obj.registry
     info = reg.resolve_steer(ref)
     s = reg.load_steer(info)
-    out = describe_lens(info, s, k=k, n_directions=directions)  # the lens stored at fit time
+    out = describe_lens(info, s, k=k, n_directions=directions, stored=not texts)  # the lens stored at fit time
     if texts:
         items = read_texts(texts)
         registered = reg.get_space(info.space).encoder

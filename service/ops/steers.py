@@ -59,6 +59,8 @@ _METRICS = ("loss_initial", "loss_final", "n_iter", "converged", "n_pos", "n_neg
 #: weight does not separate its labels (WordNet plant vs animal, 16,384 MiniLM rows: real labels 0.67, shuffled ones
 #: 0.996-0.998, labels half shuffled 0.978); flagged unreliable, as a map at chance is
 STEER_MIN_HELDOUT_GAIN = 0.02
+#: items stored at each end of a lens direction at fit time (:func:`fit_and_register`'s ``lens_k``)
+LENS_K = 5
 
 
 # --- fit ------------------------------------------------------------------------------------------
@@ -233,7 +235,7 @@ def _sha(arr: np.ndarray) -> str:
 
 def fit_and_register(registry, *, name: str, space: str, X: np.ndarray, labels, params: dict | None = None,
                      random_state: int | None = None, alias: str | None = None, items: Sequence[str] | None = None,
-                     description: str = "", inputs: dict | None = None, lens_k: int = 5,
+                     description: str = "", inputs: dict | None = None, lens_k: int = LENS_K,
                      progress: Progress | None = None, encoder: str | None = None):
     """Fit a steer on ``X`` (n, d) with ``labels`` (n,) in {-1, 0, +1} and register it in ``space`` (created with
     the version when new, ``encoder`` recorded on it).
@@ -253,7 +255,8 @@ def fit_and_register(registry, *, name: str, space: str, X: np.ndarray, labels, 
         name, steer, space=space, params=p, random_state=p["random_state"],
         data_hashes={"X": _sha(X.astype(np.float32)), "labels": _sha(labels.astype(np.int64)), "n": int(X.shape[0])},
         metrics={**{k: v for k, v in steer.metadata.items() if k in _METRICS}, **fit_verdict(steer.metadata)},
-        alias=alias, description=description, inputs=inputs or {}, lens=steer_lens(steer, X, items, k=lens_k), encoder=encoder)
+        alias=alias, description=description, inputs=inputs or {}, lens=steer_lens(steer, X, items, k=lens_k),
+        encoder=encoder)
 
 
 def embed_and_register(registry, load_encoder: Callable, *, space: str, X: np.ndarray | None = None,
@@ -395,8 +398,14 @@ def steer_lens(steer, X: np.ndarray, items: Sequence[str] | None, *, k: int = 5,
     return steer.lens(X, list(items), k=k, n_directions=min(int(n_directions), steer.rank), queries=X)
 
 
-def describe_lens(info, steer, *, k: int = 5, n_directions: int = 4) -> dict:
-    """A registered steer's singular values and its stored lens (``k`` items per end, ``n_directions``)."""
+def describe_lens(info, steer, *, k: int = 5, n_directions: int = 4, stored: bool = True) -> dict:
+    """A registered steer's singular values and its stored lens (``k`` items per end, ``n_directions``). A ``k``
+    above the items stored (:data:`LENS_K` at fit time) is an InputError saying how many are (``k=50`` answered the
+    5 stored without a word), unless ``stored`` is False (the caller ranks items anew)."""
+    have = max((len(d.get(end) or []) for d in info.lens for end in ("positive", "negative")), default=0)
+    if stored and info.lens and k > max(have, LENS_K):
+        raise InputError(f"steer {info.ref}'s lens stores {have} items at each end of a direction (ranked at fit "
+                         f"time); ask for k <= {have}, or rank texts anew (`vecbridge steer lens --texts`)")
     sigma = steer.svd()[1].tolist() if isinstance(steer, Steer) else [float(np.linalg.norm(steer.v))]
     dirs = [{**d, "positive": d.get("positive", [])[:k], "negative": d.get("negative", [])[:k]}
             for d in info.lens[:n_directions]]

@@ -112,6 +112,15 @@ def test_lens_names_the_items(world):
     assert all("text" in it for it in out["directions"][0]["positive"])
 
 
+def test_a_k_above_the_stored_lens_is_refused(world):
+    """GET /v1/steers/{ref}/lens?k=50 answered the 5 items stored at fit time; now a 422 saying how many are."""
+    c = world["c"]
+    r = c.get("/v1/steers/attr/lens", headers=R, params={"k": 50})
+    assert r.status_code == 422 and "lens stores 5 items at each end" in r.text, r.text
+    r = c.get("/v1/steers/attr/lens", headers=R, params={"k": 5})
+    assert r.status_code == 200 and len(r.json()["directions"][0]["positive"]) == 5, r.text
+
+
 def test_lens_without_items_has_singular_values_only(world):
     c = world["c"]
     X, labels = world["X"], world["labels"]

@@ -135,6 +135,17 @@ def test_lens_stored_and_over_texts(fitted):
     assert "direction 0" in p.stdout and "row" in p.stdout
 
 
+def test_a_k_above_the_stored_lens_is_refused_unless_texts_are_ranked_anew(fitted):
+    """`steer lens -k 20` answered the 5 items stored at fit time as if they were the 20 asked for; now exit 2 saying
+    how many are stored, while --texts ranks as many as asked."""
+    d, _, _, _ = fitted
+    p = vb("--data-dir", d / "var", "steer", "lens", "--steer", "attr@prod", "-k", 20, check_code=2)
+    assert "lens stores 5 items at each end of a direction" in p.stderr and "k <= 5" in p.stderr, p.stderr
+    p = vb("--data-dir", d / "var", "steer", "lens", "--steer", "attr@prod", "-k", 20, "--texts", d / "names.txt",
+           "--vectors", d / "X.npy", "--json")
+    assert len(json.loads(p.stdout)["directions"][0]["positive"]) == 20
+
+
 def test_a_mean_shift_has_a_lens_of_its_one_direction(fitted):
     """A mean-shift steer's lens was empty, stored or over ``--texts`` (which then printed "no named items: ... pass
     --texts here" to a user who had). Its one direction is ``v`` = mean(+1 rows) - mean(-1 rows): the rows at its
@@ -142,7 +153,7 @@ def test_a_mean_shift_has_a_lens_of_its_one_direction(fitted):
     d, _, _, _ = fitted
     vb("--data-dir", d / "var", "steer", "fit", "--space", "toy", "--vectors", d / "X.npy", "--texts",
        d / "names.txt", "--labels", d / "y.txt", "--name", "shift", "--method", "mean-shift", "--quiet")
-    stored = json.loads(vb("--data-dir", d / "var", "steer", "lens", "--steer", "shift", "-k", 10, "--json").stdout)
+    stored = json.loads(vb("--data-dir", d / "var", "steer", "lens", "--steer", "shift", "-k", 5, "--json").stdout)
     p = vb("--data-dir", d / "var", "steer", "lens", "--steer", "shift", "-k", 10, "--texts", d / "names.txt",
            "--vectors", d / "X.npy", "--json")
     for out in (stored, json.loads(p.stdout)):
