@@ -13,6 +13,7 @@ from .client_wire import (
     alias_if_match,
     as_ints,
     as_list,
+    as_real,
     b64,
     b64_row_bytes,
     clean,
@@ -54,7 +55,7 @@ class SteerCalls:
     @call
     def apply_steer(self, ref: str, X, *, eps: float = 1.0) -> np.ndarray:
         """``X (I + eps W)`` for rows ``X`` (n, d) of the steer's space; returns float32 (n, d)."""
-        A, pin, eps = matrix(X), [ref], float(eps)
+        A, pin, eps = matrix(X), [ref], as_real(eps, "eps")  # float(True) was sent as 1.0
 
         def send(part: slice) -> np.ndarray:  # batches after the first go through the version it used
             body = yield from self._json("POST", f"/v1/steers/{_seg(pin[0])}/apply", json={**b64(A[part]), "eps": eps},

@@ -29,7 +29,7 @@ from align.exceptions import InputError, NotRepresentableError, ShapeError
 from align.validation import check_no_underflow
 
 __all__ = ["HEADROOM", "OVERHEAD", "Artifact", "Base64Text", "alias_if_match", "as_count", "as_flag", "as_ints",
-           "as_list", "as_seconds",
+           "as_list", "as_real", "as_seconds",
            "as_version", "b64", "b64_bytes", "b64_row_bytes", "b64_text", "clean", "cut",
            "dumps", "float32_rows", "json_sizes", "labelled", "matrix", "new_key", "pinned", "rows", "seg", "side",
            "spans"]
@@ -69,6 +69,14 @@ def as_seconds(v, name: str, *, zero: bool = False, inf: bool = False) -> float:
     if not ok or not (inf or math.isfinite(v)):
         raise InputError(f"{name} must be a number of seconds {'>= 0' if zero else '> 0'}"
                          f"{'' if inf else ' and finite (None: no limit)'}, got {v!r}")
+    return float(v)
+
+
+def as_real(v, name: str) -> float:
+    """``v`` as a finite real number; :class:`InputError` for a bool (``float()`` sent True as 1.0, where the service
+    refuses a bool), a string, NaN or infinity, before anything is sent."""
+    if isinstance(v, (bool, np.bool_)) or not isinstance(v, numbers.Real) or not math.isfinite(v):
+        raise InputError(f"{name} must be a finite number, got {v!r} ({type(v).__name__})")
     return float(v)
 
 

@@ -356,6 +356,16 @@ def test_steer_fit_and_apply(vb):
         vb.fit_steer("up", "b", labels, V, params={"rank": 8})  # was a job: params said rank 8, the steer rank 1
 
 
+def test_a_steer_strength_that_is_not_a_number_is_refused_before_sending(vb):
+    """``apply_steer(ref, Q, eps=True)`` sent 1.0 (``float(True)``; the string "1" too), where the service refuses
+    a bool: the steer applied at full strength. Now an InputError before a request goes out (a steer that does not
+    exist answered 404 after the request)."""
+    Q = np.zeros((2, 16), np.float32)
+    for bad in (True, np.bool_(False), "1", float("nan")):
+        with pytest.raises(InputError, match="eps must be a finite number"):
+            vb.apply_steer("no-such-steer", Q, eps=bad)
+
+
 @both_clients
 def test_a_steer_transfer_without_a_name_lands_as_name_dash_target_space(vb, client_kind):
     """``transfer_steer(ref, map)`` defaulted the name to the source steer's, which is bound to the source space:
