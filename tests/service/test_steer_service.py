@@ -236,3 +236,27 @@ def test_the_local_steers_prior_weight_and_folds_are_parameters(tmp_path):
         assert reg.get_steer(v.name, v.version).params == v.params
     finally:
         reg.close()
+
+
+def test_an_embedding_steer_is_refused_before_the_language_model_loads(tmp_path):
+    """/v1/lm/generate with a steer of an embedding space answered 422 only after loading the LM (47 s on a cold
+    server): its space, which no language model's is, is now read first; the loader is never called."""
+    pytest.importorskip("transformers")
+    from _tiny_lm import tiny_lm
+
+    from service.ops import lm as lm_ops
+
+    X, y = data()
+    reg = open_registry(f"sqlite:///{tmp_path}/r.sqlite", tmp_path / "artifacts")
+    reg.register_steer("pos", fit_steer_job(X, y, {"method": "lm-steer", "rank": 2, "max_iter": 10}), space="a",
+                       params={}, lens=[])
+    loads = []
+
+    def load():
+        loads.append(1)
+        return lm_ops.open_lm(tiny_lm)
+    for call in (lambda: lm_ops.generate(reg, load, "the film", {"pos": 1.0}),
+                 lambda: lm_ops.analyze(reg, load, "the film", "pos")):
+        with pytest.raises(InputError, match="steer pos:1 lives in space 'a', an embedding space"):
+            call()
+    assert loads == []
