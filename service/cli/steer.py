@@ -66,7 +66,7 @@ def steer_show(obj: Ctx, ref, as_json):
     """Show one steer version (NAME, NAME@alias, NAME:version; a deleted NAME:version too)."""
     name, _alias, version = parse_ref(ref)
     reg = obj.registry
-    d = (reg.get_steer(name, version) if version is not None else reg.resolve_steer(ref)).to_dict()
+    d = (reg.get_steer(name, version) if version is not None else reg.inspect_steer(ref)).to_dict()
     if as_json:
         emit(d, True)
         return
@@ -221,7 +221,7 @@ alias_command(steer, "Point steer NAME@ALIAS at VERSION (or --delete it); a bare
 def steer_lens_cmd(obj: Ctx, ref, texts, vectors, encoder, k, directions, as_json):
     """Singular directions of a steer with the extreme items (stored at fit time, or over --texts)."""
     reg = obj.registry
-    info = reg.resolve_steer(ref)
+    info = reg.inspect_steer(ref)
     s = reg.load_steer(info)
     out = describe_lens(info, s, k=k, n_directions=directions, stored=not texts)  # the lens stored at fit time
     if texts:

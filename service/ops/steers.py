@@ -191,8 +191,9 @@ def fit_verdict(metadata: Mapping) -> dict:
     ``heldout_loss_ratio`` (the best weight's) and ``reliable`` (False, with ``unreliable_reason``, when it is
     within :data:`STEER_MIN_HELDOUT_GAIN` of 1: labels the steer does not separate, e.g. shuffled ones). ``{}``
     where there is no such check (lm-steer, mean-shift, a fixed prior weight, too few rows per fold): not judged.
-    The check reads the mean-shift direction of every row, so for a few hundred rows shuffled labels can score
-    0.85-0.96 and pass: it catches a steer that means nothing on many rows, not every one."""
+    The check reads the mean-shift direction of every row, so with few labelled rows shuffled labels can score
+    0.85-0.98 and pass (a review: 27 labelled of 1,638 rows, and 816 of 3,800, passed; 8,000 rows with ~1,600
+    labelled were flagged): it catches a steer that means nothing on many labelled rows, not every one."""
     ratios = (metadata.get("prior_selection") or {}).get("heldout_loss_ratio")
     if not ratios:
         return {}
@@ -221,12 +222,19 @@ def _transfer_verdict(s_info, m_info) -> dict:
     return {**out, "reliable": True} if s_info.metrics.get("reliable") is True else out
 
 
+def _held_back(alias: str | None, verdict: dict) -> str | None:
+    """The alias a new version takes: none when it is flagged unreliable (as a map fit's: the alias stays where it
+    was, and a bare name skips the version, :meth:`~service.registry.core.Registry.resolve_steer`)."""
+    return None if verdict.get("reliable") is False else alias
+
+
 def unreliable_steer_note(info) -> str | None:
     """What every face says of a steer version flagged unreliable (None for any other)."""
     if info.metrics.get("reliable") is not False:
         return None
     return (f"steer {info.ref} is flagged unreliable ({info.metrics.get('unreliable_reason') or 'no reason recorded'})"
-            f": registered for inspection; it may not move results toward its labels")
+            f": registered for inspection, its alias not moved and a bare name not using it; it may not move results "
+            f"toward its labels")
 
 
 def _sha(arr: np.ndarray) -> str:
@@ -251,12 +259,13 @@ def fit_and_register(registry, *, name: str, space: str, X: np.ndarray, labels, 
     p = check_steer_params(params, random_state)
     steer = fit_steer_job(X, labels, params, progress, space=space, random_state=random_state)
     (progress or silent)("register", 1.0)
+    verdict = fit_verdict(steer.metadata)
     return registry.register_steer(
         name, steer, space=space, params=p, random_state=p["random_state"],
         data_hashes={"X": _sha(X.astype(np.float32)), "labels": _sha(labels.astype(np.int64)), "n": int(X.shape[0])},
-        metrics={**{k: v for k, v in steer.metadata.items() if k in _METRICS}, **fit_verdict(steer.metadata)},
-        alias=alias, description=description, inputs=inputs or {}, lens=steer_lens(steer, X, items, k=lens_k),
-        encoder=encoder)
+        metrics={**{k: v for k, v in steer.metadata.items() if k in _METRICS}, **verdict},
+        alias=_held_back(alias, verdict), description=description, inputs=inputs or {},
+        lens=steer_lens(steer, X, items, k=lens_k), encoder=encoder)
 
 
 def embed_and_register(registry, load_encoder: Callable, *, space: str, X: np.ndarray | None = None,
@@ -467,11 +476,12 @@ def transfer_and_register(registry, steer_ref: str, map_ref: str, *, name: str |
     check_steer_space(registry, name, target)
     moved = transfer_steer(steer, lmap)
     moved.metadata["space"] = target
+    verdict = _transfer_verdict(s_info, m_info)
     return registry.register_steer(
         name, moved, space=target, params={"method": "transfer", "steer": s_info.ref, "map": m_info.ref},
         metrics={"approximate": bool(moved.metadata.get("approximate")),
-                 "eps_scale": float(moved.metadata.get("eps_scale", 1.0)), **_transfer_verdict(s_info, m_info)},
-        alias=alias, description=description,
+                 "eps_scale": float(moved.metadata.get("eps_scale", 1.0)), **verdict},
+        alias=_held_back(alias, verdict), description=description,
         inputs={"via": "transfer", "steer": s_info.ref, "map": m_info.ref},
         lens=[])
 

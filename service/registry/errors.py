@@ -5,7 +5,7 @@
     RegistryError (VecbridgeError)     base of every registry error                     kind
     ├── NotFoundError                  unknown map, version, alias or space           not_found
     │   ├── DeletedVersionError        the version (or the alias's target) was deleted
-    │   └── NoReliableVersionError     a bare map name whose live versions are all flagged unreliable
+    │   └── NoReliableVersionError     a bare map or steer name whose live versions are all flagged unreliable
     ├── ConflictError                  the request contradicts stored state            conflict
     │   └── AliasMovedError            a compare-and-set alias write found it elsewhere
     ├── InvalidNameError (ValueError)  a name or reference that is not allowed         invalid
@@ -53,9 +53,9 @@ class DeletedVersionError(NotFoundError):
 
 
 class NoReliableVersionError(NotFoundError):
-    """A bare map name whose live versions are all flagged unreliable (and no live ``prod`` pins one): the name
-    means no version, as searches use none; ``NAME:N`` uses one anyway. ``versions``: the flagged ones, newest
-    first."""
+    """A bare map (or steer) name whose live versions are all flagged unreliable (and no live ``prod`` pins one):
+    the name means no version, as searches use none; ``NAME:N`` uses one anyway. ``versions``: the flagged ones,
+    newest first."""
 
     def __init__(self, message: str, versions: list[int] | None = None) -> None:
         super().__init__(message)

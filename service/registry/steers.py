@@ -9,12 +9,14 @@ references follow :mod:`.names` (``name``, ``name@alias``, ``name:N``).
 
 from __future__ import annotations
 
+import json
+
 from align.steer import MeanShift, Steer
 
 from .entity import now, package_version
-from .errors import InvalidNameError
+from .errors import InvalidNameError, NoReliableVersionError
 from .models import SteerInfo
-from .names import check_alias, check_name, check_seed, check_text
+from .names import check_alias, check_name, check_seed, check_text, parse_ref
 
 __all__ = ["SteerRegistryMixin"]
 
@@ -57,10 +59,35 @@ class SteerRegistryMixin:
         return self.entities["steers"].get(name, version)
 
     def resolve_steer(self, ref: str) -> SteerInfo:
-        """``name`` → its ``prod`` (:attr:`path_alias`) version when that alias is set and live, else the latest
-        live version (as a bare map name: a refit reaches searches and applies only when ``prod`` moves);
-        ``name@alias``; ``name:N`` (NotFoundError / DeletedVersionError)."""
-        return self.entities["steers"].resolve(ref, pin=self.path_alias)
+        """``name`` → its ``prod`` (:attr:`path_alias`) version when that alias is set and live, else its newest
+        live version not flagged unreliable (as a bare map name: a refit reaches searches and applies only when
+        ``prod`` moves, and a flagged refit never); ``name@alias``; ``name:N`` (NotFoundError /
+        DeletedVersionError; NoReliableVersionError for a bare name whose live versions are all flagged)."""
+        st = self.entities["steers"]
+        name, alias, version = parse_ref(ref, "steer")
+        if alias is None and version is None:
+            flagged = []
+            with self.db.tx() as t:
+                if st.live_alias(t, name, self.path_alias) is None:
+                    for r in st.rows(t, name, live=True, newest_first=True, cols="version, metrics"):
+                        if json.loads(r["metrics"] or "{}").get("reliable") is not False:
+                            return st.get_in(t, name, int(r["version"]))
+                        flagged.append(int(r["version"]))
+            if flagged:
+                refs = ", ".join(f"{name}:{v}" for v in flagged)
+                raise NoReliableVersionError(
+                    f"steer {name!r} has no version a bare name may use: its live version(s) {refs} are flagged "
+                    f"unreliable; name one to use it anyway, e.g. {name}:{flagged[0]}", flagged)
+        return st.resolve(ref, pin=self.path_alias)
+
+    def inspect_steer(self, ref: str) -> SteerInfo:
+        """The version to show for ``ref``: :meth:`resolve_steer`'s, except that a bare name whose live versions
+        are all flagged unreliable shows the newest of them (as :meth:`inspect` for maps): for what only displays
+        a steer (``steer show``, ``GET /v1/steers/{ref}``, its lens), never for what applies one."""
+        try:
+            return self.resolve_steer(ref)
+        except NoReliableVersionError:
+            return self.entities["steers"].resolve(ref, pin=self.path_alias)
 
     def load_steer(self, ref) -> Steer | MeanShift:
         """Resolve ``ref`` (:meth:`resolve_steer`; or take a SteerInfo) and read its artifact, verifying the sha256

@@ -65,6 +65,21 @@ def test_a_steer_fitted_on_shuffled_labels_is_flagged_and_exits_1(world, capsys)
     code, out, err = cli(capsys, world, *base, "--labels", tmp / "shuffled.npy", "--name", "noise",
                          "--allow-unreliable")
     assert code == 0 and json.loads(out)["version"] == 2, err
+    # a review's find: the flag changed nothing else. Now, as for a flagged map fit, the alias is not moved and a
+    # bare name skips the version (a name with only flagged versions is refused for use, shown by `steer show`)
+    assert cli(capsys, world, *base, "--labels", tmp / "labels.npy", "--name", "tone", "--alias", "prod")[0] == 0
+    code, out, err = cli(capsys, world, *base, "--labels", tmp / "shuffled.npy", "--name", "tone", "--alias", "prod")
+    assert code == 1 and json.loads(out)["version"] == 2 and json.loads(out)["aliases"] == [], out
+    assert json.loads(cli(capsys, world, "steer", "show", "tone@prod", "--json")[1])["version"] == 1
+    code, out, err = cli(capsys, world, "steer", "alias", "tone", "prod", "--delete")
+    assert code == 0, err
+    assert json.loads(cli(capsys, world, "steer", "show", "tone", "--json")[1])["version"] == 1  # not the newest
+    code, out, _ = cli(capsys, world, "steer", "show", "noise", "--json")
+    assert code == 0 and json.loads(out)["version"] == 2  # shown: the newest of its flagged versions
+    code, out, err = cli(capsys, world, "steer", "apply", "--steer", "noise", tmp / "mi.npy", tmp / "o.npy",
+                         "--rows", "0:100")
+    assert code != 0 and "flagged unreliable" in err and "noise:2" in err, err
+    assert not (tmp / "o.npy").exists()
 
 
 def test_a_steer_carried_through_an_unreliable_map_is_flagged(world, capsys):

@@ -84,7 +84,7 @@ list_route(router, "/steers", name="list_steers", summary="List steers", respons
 @router.get("/steers/{ref}", dependencies=[ReadScope], summary="Get a steer version (name, name@alias, name:N)",
             response_model=SteerOut, responses=read_responses())
 async def get_steer(ref: RefPath, state: StateDep, if_none_match: IfNoneMatch = None):
-    info, _ = await run_in_threadpool(state.resolve_steer, ref)
+    info = await run_in_threadpool(state.registry.inspect_steer, ref)  # a flagged-only name shows its newest
     return answer(if_none_match, FastJSONResponse(info.to_dict()))
 
 
@@ -167,6 +167,7 @@ async def transfer_steer(ref: RefPath,
             response_model=SteerLens)
 async def steer_lens(ref: RefPath, state: StateDep, k: int = Query(5, ge=1, le=100),
                      n_directions: int = Query(4, ge=1, le=1024)):
-    info, steer = await run_in_threadpool(state.resolve_steer, ref)
+    info = await run_in_threadpool(state.registry.inspect_steer, ref)
+    steer = await run_in_threadpool(state.registry.load_steer, info)
     return FastJSONResponse(steer_ops.describe_lens(info, steer, k=k, n_directions=n_directions))
 
