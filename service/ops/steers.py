@@ -34,7 +34,7 @@ from ..progress import Progress, silent
 from ..registry import ConflictError, InvalidNameError, NotFoundError
 from ..registry.names import MAX_NAME, check_alias, check_name
 from ..registry.quality import heldout_doubt, reliable
-from ..spaces import check_rows, space_references
+from ..spaces import MEAN_CHECK_MIN_ROWS, check_rows, space_references
 from .transform import first_rows, rows_through
 
 __all__ = ["STEER_PARAMS", "STEER_METHOD_NAMES", "check_steer_params", "check_steer_fit", "fit_steer_job",
@@ -381,10 +381,23 @@ def steer_file(registry, ref: str, eps: float, inp, out, *, chunk_rows: int = 65
         check(first, f"the rows of {Path(inp).name}")
 
     def steered(chunks):
-        for i, Q in enumerate(chunks):
-            if i == 0 and text and not registered:  # embedded by a model the space does not name
-                check(Q, f"the texts of {Path(inp).name} embedded by {encoder}")
+        # texts embedded by a model the space does not name: their first MEAN_CHECK_MIN_ROWS rows checked before
+        # any is written, over as many chunks as that takes (the first chunk alone: --chunk-rows 49 skipped it)
+        held, seen = [], 0
+        for Q in chunks:
+            if text and not registered and held is not None:
+                held.append(Q)
+                seen += Q.shape[0]
+                if seen < MEAN_CHECK_MIN_ROWS:
+                    continue
+                check(np.concatenate(held), f"the texts of {Path(inp).name} embedded by {encoder}")
+                yield from (apply_steer_job(H, [(s, eps)]) for H in held)
+                held = None
+                continue
             yield apply_steer_job(Q, [(s, eps)])
+        if held:  # fewer rows in all than the check reads: nothing to tell them by (it says so)
+            check(np.concatenate(held), f"the texts of {Path(inp).name} embedded by {encoder}")
+            yield from (apply_steer_job(H, [(s, eps)]) for H in held)
     res = rows_through(inp, out, steered,
                        source_dim=info.dim, target_dim=info.dim, expects=f"steer {info.ref} is", chunk_rows=chunk_rows,
                        rows=rows, key=key, column=column, encoder=encoder, kind="query", text_field=text_field,

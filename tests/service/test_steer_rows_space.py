@@ -131,6 +131,14 @@ def test_texts_embedded_by_another_model_than_a_spaces_are_refused(world, capsys
                        world["tmp"] / "queries.txt", out, "--quiet")
     assert code == 2 and not out.exists(), err
     assert "the texts of queries.txt embedded by all-MiniLM-L6-v2 look like space 'minilm', not 'e5'" in err, err
+    # chunks smaller than the check reads (a review: --chunk-rows 10 and 49 skipped it): read over several of them
+    code, _, err = cli(capsys, world, "steer", "apply", "--steer", "topic-e5", "--encoder", "all-MiniLM-L6-v2",
+                       world["tmp"] / "queries.txt", out, "--quiet", "--chunk-rows", "10")
+    assert code == 2 and not out.exists() and "look like space 'minilm', not 'e5'" in err, err
+    code, _, err = cli(capsys, world, "steer", "apply", "--steer", "topic", "--encoder", "all-MiniLM-L6-v2",
+                       world["tmp"] / "queries.txt", out, "--quiet", "--chunk-rows", "10")
+    assert code == 0 and np.load(out).shape == (100, 384), err
+    out.unlink()
     code, _, err = cli(capsys, world, "steer", "apply", "--steer", "topic", "--encoder", "all-MiniLM-L6-v2",
                        world["tmp"] / "queries.txt", out, "--quiet")
     assert code == 0 and np.load(out).shape == (100, 384), err
