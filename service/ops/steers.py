@@ -425,9 +425,10 @@ def describe_lens(info, steer, *, k: int = 5, n_directions: int = 4, stored: boo
     above the items stored (:data:`LENS_K` at fit time) is an InputError saying how many are (``k=50`` answered the
     5 stored without a word), unless ``stored`` is False (the caller ranks items anew)."""
     have = max((len(d.get(end) or []) for d in info.lens for end in ("positive", "negative")), default=0)
-    if stored and info.lens and k > max(have, LENS_K):
+    most = max(have, LENS_K)  # fewer than LENS_K stored: every item there was (k up to LENS_K answers them all)
+    if stored and info.lens and k > most:
         raise InputError(f"steer {info.ref}'s lens stores {have} items at each end of a direction (ranked at fit "
-                         f"time); ask for k <= {have}, or rank texts anew (`vecbridge steer lens --texts`)")
+                         f"time); ask for k <= {most}, or rank texts anew (`vecbridge steer lens --texts`)")
     sigma = steer.svd()[1].tolist() if isinstance(steer, Steer) else [float(np.linalg.norm(steer.v))]
     dirs = [{**d, "positive": d.get("positive", [])[:k], "negative": d.get("negative", [])[:k]}
             for d in info.lens[:n_directions]]
