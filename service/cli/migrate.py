@@ -61,7 +61,8 @@ def migrate(obj: Ctx, store, text_field, vector_field, id_field, source, target,
 
     Exit codes: 0 done, 2 bad input or refused (one line), 75 retry later (the registry locked or not answering, the
     database not answering or lost mid-run: the rows so far are checkpointed), 130 interrupted (Ctrl-C; 143
-    SIGTERM, 129 SIGHUP: the batch in flight is finished and checkpointed; run the same command again to resume).
+    SIGTERM, 129 SIGHUP: the batch in flight is finished and checkpointed, or the index build at the end cancelled
+    (pgvector); run the same command again to resume).
 
     --keep-ids/--keep-vectors: the rows re-embedded to fit the map keep their own new-model vectors (held in
     memory: fine up to ~1e6 rows); a resume must give the same ones. Ids no source row has are counted, not refused.

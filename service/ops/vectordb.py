@@ -20,7 +20,9 @@ query-side migration) through one :class:`SharedStore`; :func:`verify_verdict` i
 
 from __future__ import annotations
 
+import contextlib
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -110,11 +112,13 @@ def needs_registry(map_ref) -> bool:
 
 class _StopOnSignal:
     """First SIGINT/SIGTERM/SIGHUP sets ``event``; the second raises KeyboardInterrupt (main thread only; an ignored
-    signal, as ``nohup`` leaves SIGHUP, stays ignored)."""
+    signal, as ``nohup`` leaves SIGHUP, stays ignored). During ``store``'s finalize (the index build) the first also
+    cancels it (:meth:`~service.vectordb.base.VectorStore.interrupt`), or says the run stops once it ends."""
 
-    def __init__(self):
+    def __init__(self, store=None):
         self.event = threading.Event()
         self.signum: int | None = None  # the first signal: a face exits 128 + it (130 Ctrl-C, 143 SIGTERM, 129 SIGHUP)
+        self.store = store
         self._old = {}
 
     def _handler(self, signum, frame):
@@ -122,6 +126,10 @@ class _StopOnSignal:
             raise KeyboardInterrupt
         self.signum = signum
         self.event.set()
+        if self.store is not None and self.store.finalizing and not self.store.interrupt():
+            with contextlib.suppress(OSError, ValueError):  # a closed or hung-up stderr: the stop still comes
+                sys.stderr.write("vecbridge: stopping once the index build ends (Ctrl-C again to abort)\n")
+                sys.stderr.flush()
 
     def __enter__(self):
         if threading.current_thread() is threading.main_thread():
@@ -166,7 +174,7 @@ def run_migration(*, store_url: str, source: str, target: str, map_ref, checkpoi
         if pause > 0:
             time.sleep(pause)
 
-    stop = _StopOnSignal()
+    stop = _StopOnSignal(store)
     try:  # the database gone mid-run: exit 75 (retry later), one line; was exit 3, "internal"
         with stop, lost_as_unavailable(store, "every batch written so far is checkpointed: run the same command "
                                               "again to resume"):

@@ -389,6 +389,15 @@ class VectorStore(ABC):
         """Make a freshly written collection durable and searchable (flush, index, load); ``like``: the collection it
         was migrated from, whose vector index an engine that builds one here copies (pgvector)."""
 
+    #: True while a migration's :meth:`finalize` runs (set by the migration): a stop asked meanwhile calls
+    #: :meth:`interrupt`
+    finalizing = False
+
+    def interrupt(self) -> bool:
+        """Cancel the :meth:`finalize` in progress (an index build), from a signal handler: True when it was asked to
+        stop (it raises soon after), False when this engine cannot cancel it (it runs to its end)."""
+        return False
+
     # --- aliases ------------------------------------------------------------------------
     @abstractmethod
     def set_alias(self, alias: str, name: str) -> None:

@@ -26,6 +26,7 @@ Any PostgreSQL with the ``vector`` extension works; the tests use the PyPI wheel
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import re
 import uuid
@@ -561,6 +562,13 @@ class PgVectorStore(VectorStore):
             with self.conn.transaction():
                 copy_structures(self.conn, self.resolve_alias(like) or like, name, self.vector_field)
         self.conn.execute(sql.SQL("ANALYZE {}").format(self._ident(name)))
+
+    def interrupt(self) -> bool:
+        """Cancel the statement running (the index build a Ctrl-C during ``migrate``'s finalize ran to its end, exit
+        0): it raises QueryCanceled, and the index, built in one statement, is not left half-made."""
+        with contextlib.suppress(Exception):  # a connection already gone: its statement is not running either
+            self.conn.cancel()
+        return True
 
     # --- aliases (views) ----------------------------------------------------------------
     def set_alias(self, alias: str, name: str) -> None:
