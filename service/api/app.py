@@ -456,6 +456,12 @@ def _run(config) -> tuple[bool, str | None]:
     class Server(uvicorn.Server):
         stop_signal: str | None = None
 
+        def handle_exit(self, sig, frame):
+            super().handle_exit(sig, frame)
+            if self.force_exit:  # a second Ctrl-C: the requests still open are cut now (their 503 says so)
+                with contextlib.suppress(AttributeError):  # an app without a state (not create_app's)
+                    self.config.app.state.stop_forced = True
+
         @contextlib.contextmanager
         def capture_signals(self):
             # SIGHUP (the terminal closed) shuts down as SIGTERM does; uvicorn catches only INT and TERM, so the

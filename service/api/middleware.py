@@ -495,14 +495,17 @@ async def _send_413(send, n: int, limit: int, setting: str = "max_body_bytes", t
     await _send_error(send, 413, "PayloadTooLargeError", msg)
 
 
-async def _send_stopping(send, rid: str, gone: bool) -> None:
+async def _send_stopping(send, rid: str, gone: bool, forced: bool = False) -> None:
     """The answer to a request the stopping server cancelled: a 503 ``ServiceStoppingError`` (``Retry-After``; none
-    when the client has gone), one WARNING line without a traceback: a stop, not a fault of the service."""
-    _errors.warning("request cancelled by the shutdown", extra={"fields": {"request_id": rid, "client_gone": gone}})
+    when the client has gone), one WARNING line without a traceback: a stop, not a fault of the service. ``forced``:
+    cut by a second Ctrl-C (``app.state.stop_forced``), not by ``shutdown_timeout_s`` running out."""
+    _errors.warning("request cancelled by the shutdown",
+                    extra={"fields": {"request_id": rid, "client_gone": gone, "forced": forced}})
+    why = ("was stopped at once by a second stop signal (Ctrl-C) and ended this request" if forced else
+           "is stopping and ended this request, still open shutdown_timeout_s after the stop signal")
     if not gone:
         await _send_error(send, 503, ServiceStoppingError.__name__, (
-            f"the service is stopping and ended this request, still open shutdown_timeout_s after the stop signal; "
-            f"it may have been applied: send it again if it is idempotent (request id {rid})"),
+            f"the service {why}; it may have been applied: send it again if it is idempotent (request id {rid})"),
             [(b"retry-after", str(ServiceStoppingError.retry_after).encode())])
 
 
@@ -570,7 +573,9 @@ class ObserveMiddleware:
             # answered here, and not raised on: uvicorn logged any exception out of the app as an ERROR traceback
             # ("Exception in ASGI application") and sent a text/plain 500 without the request id
             scope.setdefault("route", scope.get("vb_route"))  # cut while the fast path read the body: name the route
-            await _send_stopping(send_wrapper, rid, gone)
+            # a second Ctrl-C cut it 1 s after the first, and the answer said shutdown_timeout_s (30 s) had run out
+            forced = bool(getattr(getattr(scope.get("app"), "state", None), "stop_forced", False))
+            await _send_stopping(send_wrapper, rid, gone, forced)
             status = 499 if gone else 503
         except Exception as exc:  # escaped every handler: answer here, so the 500 keeps the request id
             status = 500

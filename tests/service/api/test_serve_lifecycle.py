@@ -275,3 +275,38 @@ def test_a_request_cancelled_by_the_shutdown_timeout_is_a_json_503_with_its_requ
     assert [(r["status"], r["request_id"]) for r in access] == [(503, headers["x-request-id"])], access
     cut = [r for r in records if r["msg"] == "request cancelled by the shutdown"]
     assert [(r["level"], r["request_id"]) for r in cut] == [("WARNING", headers["x-request-id"])], records
+
+
+def test_a_request_cut_by_a_second_ctrl_c_says_so_not_that_shutdown_timeout_s_ran_out(tmp_path):
+    """A second Ctrl-C force-quits at once: the request still open was cut then, yet its 503 said it was "still open
+    shutdown_timeout_s after the stop signal" (here 60 s: long after the server was gone)."""
+    data = tmp_path / "data"
+    seed_registry(data)
+    port = free_port()
+    env = {**env_for(data, port), "VECBRIDGE_SHUTDOWN_TIMEOUT_S": "60"}
+    launch = ("import runpy, signal; signal.signal(signal.SIGINT, signal.default_int_handler); "
+              "runpy.run_module('service.cli', run_name='__main__', alter_sys=True)")
+    proc = start([sys.executable, "-c", launch, "serve"], env, port, tmp_path / "server.log")
+    s, _ = _half_sent_transform(port)  # the rest never comes
+    s.settimeout(60)
+    try:
+        _wait_in_flight(port, 2)
+        proc.send_signal(signal.SIGINT)
+        deadline = time.monotonic() + 30  # the first is being handled: uvicorn's graceful shutdown has begun
+        while "Shutting down" not in (tmp_path / "server.log").read_text() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        proc.send_signal(signal.SIGINT)
+        answer = b""
+        while chunk := s.recv(65536):
+            answer += chunk
+        proc.wait(30)
+    finally:
+        s.close()
+        if proc.poll() is None:
+            proc.kill()
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.split(b" ", 2)[1] == b"503", answer[:500]
+    msg = json.loads(body)["error"]["message"]
+    assert "second stop signal" in msg and "shutdown_timeout_s" not in msg, msg
+    cut = [r for r in _records(tmp_path) if r["msg"] == "request cancelled by the shutdown"]
+    assert [r["forced"] for r in cut] == [True], cut
