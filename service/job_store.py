@@ -28,11 +28,20 @@ INTERRUPTED = {"type": "Interrupted",
 _log = get_logger("jobs")
 
 
-def interrupted_in(state: str, stage: str, fraction: float, error: dict) -> dict:
+#: what to do about an interrupted job of a kind other than a fit's (the advice after the message's last "; ", a
+#: fit's, told a migration to check a map's versions): a migration resumes from its checkpoint
+ADVICE = {"migration": "resubmitting the same migration resumes it from its checkpoint (every batch written so far "
+                       "is kept; `vecbridge migrate --status` shows where it stopped)"}
+
+
+def interrupted_in(state: str, stage: str, fraction: float, error: dict, kind: str | None = None) -> dict:
     """``error`` (an interruption's record) naming where a job in ``state`` / ``stage`` at ``fraction`` stopped:
-    "interrupted by restart during 'fit' at 40%: ..." (its stage becomes "interrupted", its own is lost otherwise)."""
+    "interrupted by restart during 'fit' at 40%: ..." (its stage becomes "interrupted", its own is lost otherwise),
+    with the :data:`ADVICE` for its ``kind`` where there is one."""
     where = "before it started" if state == "queued" else f"during {stage!r} at {round(100 * float(fraction))}%"
     head, sep, rest = error["message"].partition(":")
+    if kind in ADVICE:
+        rest = f"{rest.rpartition('; ')[0]}; {ADVICE[kind]}"
     return {**error, "message": f"{head} {where}{sep}{rest}"}
 
 
@@ -268,12 +277,14 @@ class JobStore:
                     with suppress(ValueError, TypeError, AttributeError):  # unreadable stages: ends at its start
                         c.execute("UPDATE jobs SET saved_at = ? WHERE id = ?",
                                   (started + sum(float(v) for v in json.loads(stages).values()), jid))
-                lost = c.execute("SELECT id, state, stage, fraction FROM jobs WHERE owner = ? AND state IN "
+                lost = c.execute("SELECT id, state, stage, fraction, kind FROM jobs WHERE owner = ? AND state IN "
                                  "('queued', 'running')", (o,)).fetchall()
-                for jid, state, stage, fraction in lost:  # the stage it died in goes into the message, as on shutdown
+                for jid, state, stage, fraction, kind in lost:  # the stage it died in goes into the message, as on
+                    # shutdown
                     n += c.execute("UPDATE jobs SET state = 'failed', stage = 'interrupted', error = ?, finished_at = "
                                    "MAX(COALESCE(saved_at, 0), COALESCE(started_at, created_at)) WHERE id = ?",
-                                   (json.dumps(interrupted_in(state, stage, fraction, INTERRUPTED)), jid)).rowcount
+                                   (json.dumps(interrupted_in(state, stage, fraction, INTERRUPTED, kind)),
+                                    jid)).rowcount
             try:
                 (self.owners_dir / f"{o}.lock").unlink()
             except OSError:

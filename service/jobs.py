@@ -66,8 +66,8 @@ _NOT_STARTED = {"type": "JobCancelled", "message": "cancelled before it started"
 
 def _interrupted_in(job: Job) -> dict:
     """:data:`_SHUT_DOWN`, naming the stage ``job`` was in and how far it had got (its stage becomes "interrupted",
-    and the fraction it keeps was of a stage named nowhere else)."""
-    return interrupted_in(job.state, job.stage, job.fraction, _SHUT_DOWN)
+    and the fraction it keeps was of a stage named nowhere else), with the advice for its kind."""
+    return interrupted_in(job.state, job.stage, job.fraction, _SHUT_DOWN, job.kind)
 
 
 _log = get_logger("jobs")

@@ -31,8 +31,9 @@ CHILD = textwrap.dedent("""
         while time.time() < gate:
             ctx.progress("fit", 0.25)
             time.sleep(0.01)
-    running, _ = mgr.submit(slow, kind="fit", idempotency_key="key-running", request_hash="h1")
-    queued, _ = mgr.submit(lambda ctx: {}, kind="fit", idempotency_key="key-queued", request_hash="h2")
+    kind = sys.argv[2]
+    running, _ = mgr.submit(slow, kind=kind, idempotency_key="key-running", request_hash="h1")
+    queued, _ = mgr.submit(lambda ctx: {}, kind=kind, idempotency_key="key-queued", request_hash="h2")
     while not any(j.id == running.id and j.stage == "fit" for j in mgr.store.list()):  # committed, not just in memory
         time.sleep(0.01)
     print(running.id, queued.id, flush=True)
@@ -40,9 +41,9 @@ CHILD = textwrap.dedent("""
 """)
 
 
-def _killed_child(db) -> tuple[str, str]:
-    """Run a process that holds one running and one queued job, then SIGKILL it; returns their ids."""
-    proc = subprocess.Popen([sys.executable, "-c", CHILD, str(db)], stdout=subprocess.PIPE, text=True,
+def _killed_child(db, kind: str = "fit") -> tuple[str, str]:
+    """Run a process that holds one running and one queued job of ``kind``, then SIGKILL it; returns their ids."""
+    proc = subprocess.Popen([sys.executable, "-c", CHILD, str(db), kind], stdout=subprocess.PIPE, text=True,
                             env={**os.environ, "OMP_NUM_THREADS": "1"})
     try:
         line = proc.stdout.readline().split()
@@ -364,7 +365,7 @@ def test_a_final_record_that_could_not_be_written_is_written_later(tmp_path):
     mgr.shutdown(wait=True)
 
 
-def _shut_down_mid_fit(db, stage: str, fraction: float, *, queue_another: bool = False):
+def _shut_down_mid_fit(db, stage: str, fraction: float, *, queue_another: bool = False, kind: str = "fit"):
     """A manager on ``db`` running a fit that reports ``(stage, fraction)`` over and over (and, with
     ``queue_another``, a second job waiting behind it), shut down as a server stopping does once the fit runs.
     Returns ``(manager, fit job, queued job or None)`` once the fit has reached its next progress report and its
@@ -383,8 +384,8 @@ def _shut_down_mid_fit(db, stage: str, fraction: float, *, queue_another: bool =
         finally:
             stopped.set()
 
-    job, _ = mgr.submit(fit, kind="fit")
-    queued = mgr.submit(lambda ctx: {}, kind="fit")[0] if queue_another else None
+    job, _ = mgr.submit(fit, kind=kind)
+    queued = mgr.submit(lambda ctx: {}, kind=kind)[0] if queue_another else None
     assert started.wait(10)
     mgr.shutdown(wait=False)  # a server stopping
     assert stopped.wait(10)  # the job reached its next progress report before the process ended
@@ -522,3 +523,25 @@ def test_a_filtered_page_is_full_when_this_process_knows_a_stored_record_is_stal
     finally:
         release.set()
         mgr.shutdown(wait=True)
+
+
+def test_an_interrupted_migration_says_resubmitting_resumes_it_not_to_check_a_maps_versions(tmp_path):
+    """A migration job stopped by a shutdown or a crash said "check the map's versions before resubmitting", a
+    fit's advice: its checkpoint makes the same request resume where it stopped, which it now says."""
+    killed = tmp_path / "killed.sqlite"
+    running_id, queued_id = _killed_child(killed, "migration")
+    mgr = JobManager(store=JobStore(killed))
+    assert mgr.open() == 2
+    stopped = tmp_path / "stopped.sqlite"
+    _, job, _ = _shut_down_mid_fit(stopped, "migrate", 0.5, kind="migration")
+    said = [mgr.get(running_id).error["message"], mgr.get(queued_id).error["message"],
+            JobStore(stopped).get(job.id)[0].error["message"]]
+    for msg in said:
+        assert "resumes it from its checkpoint" in msg and "versions" not in msg, msg
+    assert said[0].startswith("interrupted by restart during 'fit' at 25%: ") and said[2].startswith(
+        "interrupted during 'migrate' at 50%: the process serving this job shut down before it finished; "), said
+    mgr.shutdown(wait=True)
+    fit_id, _ = _killed_child(tmp_path / "fit.sqlite")  # a fit's advice stays
+    fits = JobManager(store=JobStore(tmp_path / "fit.sqlite"))
+    assert fits.open() == 2 and "check the map's versions" in fits.get(fit_id).error["message"]
+    fits.shutdown(wait=True)
