@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import glob
 import os
 import re
 import shutil
@@ -349,7 +350,7 @@ def keep_mode(tmp: Path, path: Path) -> None:
 
 
 def atomic_write(path, data: bytes | str | Callable[[Path], None], *, tmp_dir=None,
-                 before_replace: Callable[[], None] | None = None) -> Path:
+                 before_replace: Callable[[], None] | None = None, held: bool = False) -> Path:
     """Write ``path`` so readers see the old file or the whole new one, never a part, even after a crash.
 
     ``data`` is bytes, text (UTF-8), or a callable that writes a given temporary path (e.g.
@@ -358,14 +359,24 @@ def atomic_write(path, data: bytes | str | Callable[[Path], None], *, tmp_dir=No
     ``.<name>.tmp-<pid>-<thread>-<uuid>`` in ``tmp_dir`` (default: beside ``path``; it must be on
     the same file system), fsync'ed, renamed over ``path`` (atomic on POSIX), and the directory
     fsync'ed. ``before_replace`` runs between the fsync and the rename (crash-test hook). On any
-    error the temporary file is removed and the old ``path`` is untouched.
+    error the temporary file is removed and the old ``path`` is untouched. ``held``: the temporary is locked
+    (:func:`hold`) while it is written, and ``path``'s temporaries no live process locks (a ``kill -9``'s) are removed
+    first: a large output a person writes again at once (a zip bundle's was left for good).
     """
     path = Path(path)
     make_parent(path)
     where = Path(tmp_dir) if tmp_dir is not None else path.parent
     tmp = where / temp_name(path.name, f".tmp-{os.getpid()}-{threading.get_ident()}-{uuid.uuid4().hex[:8]}")
+    lock = None
     with writing(path, tmp):
         try:
+            if held:
+                for e in where.glob(glob.escape(temp_name(path.name, ".tmp-")) + "*"):
+                    if (fd := take_abandoned(e)) is not None and not e.is_symlink():  # a dead writer's
+                        e.unlink(missing_ok=True)
+                    if fd is not None:
+                        os.close(fd)
+                lock = hold(tmp, create=True, mode=0o666)  # less the umask, as open() makes it
             if callable(data):
                 data(tmp)
                 fd = os.open(tmp, os.O_RDONLY)
@@ -385,6 +396,9 @@ def atomic_write(path, data: bytes | str | Callable[[Path], None], *, tmp_dir=No
         except BaseException:
             tmp.unlink(missing_ok=True)
             raise
+        finally:
+            if lock is not None:
+                os.close(lock)
     fsync_dir(path.parent)
     return path
 

@@ -166,7 +166,7 @@ def export_bundle(reg, path: Path, names: list[str] | None = None) -> Path:
     # as not collected keeps its files (a gc in between removed them and the export failed, "missing or unreadable")
     with reg.store.pinned():
         if as_zip:
-            atomic_write(path, lambda tmp: _export(reg, _Writer(tmp, True), chosen, names))
+            atomic_write(path, lambda tmp: _export(reg, _Writer(tmp, True), chosen, names), held=True)
         else:
             with folder_aside(path) as (tmp, _):  # a folder too appears whole or not at all
                 _export(reg, _Writer(tmp, False), chosen, names)

@@ -639,6 +639,64 @@ def test_a_folder_export_needs_a_new_or_empty_folder_and_appears_whole(reg, tmp_
     assert not list(tmp_path.rglob(".*.tmp-*"))  # the folder written aside is gone once renamed
 
 
+_ZIP_WRITER = """
+import os, signal, sys, time
+from pathlib import Path
+sys.path.insert(0, {root!r})
+from service.storage import atomic_write
+
+out, how = Path(sys.argv[1]), sys.argv[2]
+
+
+def write(tmp):  # as a zip export writes its bundle: atomic_write(..., held=True)
+    Path(tmp).write_bytes(b"PK half a bundle")
+    if how == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    (out.parent / "writing").touch()
+    while not (out.parent / "release").exists():
+        time.sleep(0.05)
+
+
+atomic_write(out, write, **({{"held": True}} if how == "hold" else {{}}))  # killed: as any release's (no lock left)
+"""
+
+
+def test_a_killed_zip_exports_temporary_is_removed_by_the_next_export_and_a_live_ones_kept(reg, tmp_path):
+    """`kill -9` of `registry export X.zip` left ``.X.zip.tmp-*`` beside it for good: the next export to that path
+    did not remove it (a killed folder export's temporary folder is removed by the rerun). Now it is, while the
+    temporary of an export still running (its flock held) is kept."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    register(reg, seed=1)
+    script = tmp_path / "writer.py"
+    script.write_text(_ZIP_WRITER.format(root=str(Path(__file__).resolve().parents[3])))
+    out = tmp_path / "o" / "b.zip"
+    r = subprocess.run([sys.executable, str(script), str(out), "kill"], capture_output=True, text=True, timeout=120,
+                       check=False)
+    assert r.returncode == -9, r.stderr
+    dead = list(out.parent.glob(".b.zip.tmp-*"))
+    assert len(dead) == 1
+    reg.export(out)
+    assert not dead[0].exists(), "the killed export's temporary is removed by the next export"
+    assert zipfile.ZipFile(out).namelist()  # the export itself is whole
+    out.unlink()
+    live = subprocess.Popen([sys.executable, str(script), str(out), "hold"], stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 120
+        while not (out.parent / "writing").exists():
+            assert live.poll() is None and time.time() < deadline, live.stderr.read()
+            time.sleep(0.05)
+        running = list(out.parent.glob(".b.zip.tmp-*"))
+        reg.export(out)
+        assert len(running) == 1 and running[0].exists()  # kept: its writer is alive
+        assert zipfile.ZipFile(out).namelist()
+    finally:
+        live.kill()
+        live.wait(timeout=60)
+
+
 @pytest.mark.parametrize("suffix", [".zip", ""])
 def test_export_import_round_trip(reg, tmp_path, suffix):
     reg.register_space("a", 8, encoder="enc", passage_prefix="passage: ")
