@@ -518,9 +518,7 @@ def import_bundle(reg, path: Path, *, on_conflict: str = "error") -> dict:
                     if (data := v.pop("data")) is None:  # collected: its row names the file its bytes would have
                         v["sha"], v["rel"] = v["artifact_sha256"], reg.store.relpath_for(v["artifact_sha256"], v["ext"])
                         continue
-                    v["sha"], v["rel"], new = reg.store.put_new(data, v["ext"])
-                    if new:
-                        stored.append(v["rel"])
+                    v["sha"], v["rel"], _ = reg.store.put_new(data, v["ext"], written=stored)
             counts = reg._write(apply)
         # (below, once the shared hold is given back) the artifacts it stored that no row names: those of versions
         # deleted and collected here, which it does not restore, were orphans no `registry gc` removed

@@ -299,17 +299,17 @@ class VersionedStore:
             self._hook("version_inserted")
             return version
 
-        new = False
+        stored: list[str] = []  # what put_new wrote, listed before its write: it may raise after the rename
         try:
             with self.store.pinned():  # to the commit: a failed write never removes the artifact under this version
-                sha, rel, new = self.store.put_new(*artifact)
+                sha, rel, _ = self.store.put_new(*artifact, written=stored)
                 self._hook("artifact_stored")  # stored (or found there), not yet named by a row: gc keeps it (pinned)
                 values = {**values, "artifact_sha256": sha, "artifact_path": rel}
                 version = self._write(fn)
         except BaseException:  # e.g. a full disk at the commit: the artifact it stored leaked, ~0.6 MB a retry
-            if new:
+            if stored:
                 with suppress(Exception):  # best effort (the database may be what failed): never hides the error
-                    self.store.discard([rel], lambda: artifacts_in_use(self.db))
+                    self.store.discard(stored, lambda: artifacts_in_use(self.db))
             raise
         self._hook("committed")
         return self.get(name, version)

@@ -52,13 +52,18 @@ class ArtifactStore:
         """Store ``data``; return ``(sha256, relative path)``. Idempotent for identical bytes."""
         return self.put_new(data, ext)[:2]
 
-    def put_new(self, data: bytes, ext: str) -> tuple[str, str, bool]:
-        """:meth:`put`, and whether this call wrote the file (False: the same bytes were there already)."""
+    def put_new(self, data: bytes, ext: str, written: list[str] | None = None) -> tuple[str, str, bool]:
+        """:meth:`put`, and whether this call wrote the file (False: the same bytes were there already). ``written``:
+        the relative path is appended to it before the write, so that a caller removing what it stored when it
+        fails (:meth:`discard`) also removes a file this call renamed into place before raising (a Ctrl-C in the
+        folder's fsync left an orphan: the caller never learnt of the file)."""
         sha = sha256_bytes(data)
         rel = self.relpath_for(sha, ext)
         final = self.root / rel
         if final.exists() and self._digest(final) == sha:
             return sha, rel, False
+        if written is not None:
+            written.append(rel)
         atomic_write(final, data, tmp_dir=self.root / "tmp", before_replace=lambda: self._hook("artifact_tmp_written"))
         self._hook("artifact_renamed")
         return sha, rel, True

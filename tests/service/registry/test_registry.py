@@ -1148,3 +1148,31 @@ def test_a_refit_with_no_held_out_figure_cannot_be_compared_rather_than_looks_wo
     v3 = register(reg, seed=3, metrics={"heldout_top1": 0.5, "heldout_n_candidates": 1000, "heldout_n_queries": 1000})
     v4 = register(reg, seed=4, metrics={"heldout_top1": 0.3, "heldout_n_candidates": 1000, "heldout_n_queries": 1000})
     assert "which looks worse than a->b:3" in reg.default_change_note(v3, v4)
+
+
+@pytest.mark.parametrize("how", ["register", "import"])
+def test_a_stop_right_after_an_artifact_is_renamed_into_place_leaves_no_orphan(reg, tmp_path, monkeypatch, how):
+    """A Ctrl-C during the artifact folder's fsync (after the rename, before ``put_new`` returned) left the file it
+    had just written: the caller lists what it stored for removal only once ``put_new`` returns. Now it is listed
+    before the write, and removed with the rest."""
+    from service.registry import core
+
+    bundle = None
+    if how == "import":
+        src = open_registry(f"sqlite:///{tmp_path}/src.sqlite", tmp_path / "src-artifacts")
+        register(src, seed=3)
+        bundle = src.export(tmp_path / "bundle.zip")
+
+    def stop(point):
+        if point == "artifact_renamed":
+            raise KeyboardInterrupt  # as the Ctrl-C in atomic_write's fsync_dir, the file already in place
+
+    monkeypatch.setattr(core, "FAULT_HOOK", stop)
+    with pytest.raises(KeyboardInterrupt):
+        if how == "import":
+            reg.import_(bundle)
+        else:
+            register(reg, seed=3)
+    monkeypatch.setattr(core, "FAULT_HOOK", None)
+    report = reg.verify()
+    assert report["orphan_artifacts"] == [] and reg.store.all_relpaths() == set(), report
