@@ -18,13 +18,15 @@ from .errors import ServiceUnavailableError
 from .logging import get_logger
 from .storage import OpenedFile, hold, sqlite_connect, take_abandoned
 
-__all__ = ["INTERRUPTED", "TERMINAL", "Job", "JobStore", "JobStoreBusyError", "interrupted_in"]
+__all__ = ["FIT_ADVICE", "INTERRUPTED", "TERMINAL", "Job", "JobStore", "JobStoreBusyError", "interrupted_in"]
 
 TERMINAL = ("succeeded", "failed", "cancelled")
+#: a fit stopped after its version's commit (its last stage) is recorded interrupted all the same: how to tell
+FIT_ADVICE = ("a fit stopped in its 'register' stage may have registered its version: check the map's versions "
+              "(GET /v1/maps/NAME/versions, `vecbridge registry list`) before resubmitting")
 INTERRUPTED = {"type": "Interrupted",
                "message": "interrupted by restart: the process running this job stopped (killed, crashed or shut "
-                          "down) before the job finished; a fit may still have registered its version, check the "
-                          "map's versions before resubmitting"}
+                          f"down) before the job finished; {FIT_ADVICE}"}
 _log = get_logger("jobs")
 
 

@@ -46,6 +46,7 @@ from align.exceptions import Cancelled
 
 from .errors import BusyError, ConflictError, NotFoundError, http_status
 from .job_store import (
+    FIT_ADVICE,
     INTERRUPTED,
     TERMINAL,
     Job,
@@ -60,7 +61,7 @@ __all__ = ["Job", "JobContext", "JobManager", "JobStore", "Cancelled", "QueueFul
            "IdempotencyConflictError", "JobStoreBusyError", "TERMINAL", "INTERRUPTED"]
 
 _SHUT_DOWN = {**INTERRUPTED, "message": "interrupted: the process serving this job shut down before it finished; "
-                                       "check the map's versions before resubmitting"}
+                                       + FIT_ADVICE}
 _NOT_STARTED = {"type": "JobCancelled", "message": "cancelled before it started"}
 
 

@@ -164,6 +164,7 @@ class _Stop:
 
     def __init__(self) -> None:
         self.requested: int | None = None  # the signal received, if any
+        self.deferred = False  # see defer()
         self._timer: threading.Timer | None = None
 
     def handler(self, signum, frame):
@@ -172,7 +173,14 @@ class _Stop:
             self._timer = threading.Timer(TERM_GRACE_S, self._end_now, args=(signum,))
             self._timer.daemon = True
             self._timer.start()
-        self.raise_it()
+        if not self.deferred:
+            self.raise_it()
+
+    def defer(self) -> None:
+        """Keep a signal from now on, raised only once the command has printed its result (:func:`_main`): a fit
+        stopped in the milliseconds after its version was committed exited 130 "interrupted", its ``s:1`` registered
+        and named nowhere. Called at the ``register`` stage's report (:func:`service.cli._common.progress_bar`)."""
+        self.deferred = True
 
     def raise_it(self) -> None:
         if self.requested == signal.SIGHUP:
@@ -200,16 +208,20 @@ class _Stop:
     def reset(self) -> None:
         if self._timer is not None:
             self._timer.cancel()
-        self.requested, self._timer = None, None
+        self.requested, self._timer, self.deferred = None, None, False
 
 
 _STOP = _Stop()
 
 
-def check_stop() -> None:
+def check_stop(stage: str | None = None) -> None:
     """Raise :class:`Terminated` / ``KeyboardInterrupt`` when SIGTERM / Ctrl-C came during this command (its first
-    raise may have been lost)."""
-    _STOP.raise_it()
+    raise may have been lost); at the ``register`` stage, the last point a fit can stop, keep any later one until
+    the command's result is printed (:meth:`_Stop.defer`)."""
+    if not _STOP.deferred:
+        _STOP.raise_it()
+    if stage == "register":
+        _STOP.defer()
 
 
 #: the handlers this module takes over for a command: SIGTERM's and SIGHUP's default (end the process), Python's own
@@ -308,6 +320,10 @@ def _main(argv) -> int:
             code = cli.main(args=argv, prog_name="vecbridge", standalone_mode=False)
             if sys.stdout is not None:
                 sys.stdout.flush()  # here, not at exit: a reader gone before it is 141 as well
+            if _STOP.deferred and _STOP.requested is not None:  # kept since the work was committed: its result
+                _STOP.deferred = False  # is out; the stop now, saying so
+                click.echo("vecbridge: the stop came after the work was committed: the result above stands", err=True)
+                _STOP.raise_it()
         # click, not standalone, catches a command's ``click.exceptions.Exit(n)`` / ``ctx.exit(n)`` and RETURNS n:
         # ignored, `index compact --all` with a failed index exited 0. No command returns anything else (None).
         return code if isinstance(code, int) and not isinstance(code, bool) else 0

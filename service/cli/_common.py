@@ -215,11 +215,11 @@ def progress_bar(*, quiet: bool, as_json: bool):
     is not a terminal (:func:`stderr_is_terminal`; closed, ``2>&-``: tqdm failed on ``file=None``)."""
     # either way, every report is a point where a SIGTERM whose first raise was lost stops
     if quiet or as_json or not stderr_is_terminal():
-        return (lambda stage, frac: check_stop()), (lambda: None)
+        return (lambda stage, frac: check_stop(stage)), (lambda: None)
     state = {"stage": None, "bar": None}
 
     def progress(stage: str, frac: float) -> None:
-        check_stop()
+        check_stop(stage)
         if stage != state["stage"]:
             if state["bar"] is not None:
                 state["bar"].close()

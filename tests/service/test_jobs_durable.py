@@ -527,7 +527,8 @@ def test_a_filtered_page_is_full_when_this_process_knows_a_stored_record_is_stal
 
 def test_an_interrupted_migration_says_resubmitting_resumes_it_not_to_check_a_maps_versions(tmp_path):
     """A migration job stopped by a shutdown or a crash said "check the map's versions before resubmitting", a
-    fit's advice: its checkpoint makes the same request resume where it stopped, which it now says."""
+    fit's advice: its checkpoint makes the same request resume where it stopped, which it now says. A fit's advice
+    names how to tell whether its version was registered (stopped in 'register', after the commit, it may be)."""
     killed = tmp_path / "killed.sqlite"
     running_id, queued_id = _killed_child(killed, "migration")
     mgr = JobManager(store=JobStore(killed))
@@ -543,5 +544,7 @@ def test_an_interrupted_migration_says_resubmitting_resumes_it_not_to_check_a_ma
     mgr.shutdown(wait=True)
     fit_id, _ = _killed_child(tmp_path / "fit.sqlite")  # a fit's advice stays
     fits = JobManager(store=JobStore(tmp_path / "fit.sqlite"))
-    assert fits.open() == 2 and "check the map's versions" in fits.get(fit_id).error["message"]
+    assert fits.open() == 2
+    fit_said = fits.get(fit_id).error["message"]  # and it names how to tell whether the version was registered
+    assert "may have registered its version" in fit_said and "GET /v1/maps/NAME/versions" in fit_said, fit_said
     fits.shutdown(wait=True)

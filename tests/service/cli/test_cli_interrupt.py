@@ -227,3 +227,30 @@ def test_a_writer_the_signal_caught_before_its_with_is_removed_as_the_command_st
         w2.write(np.zeros((1, 4), np.float32))
     _stopped(KeyboardInterrupt())
     assert [p.name for p in tmp_path.iterdir()] == ["done.npy"]
+
+
+#: the CLI, its registry signalling the process itself the moment a version is committed (the registry's fault hook)
+_SIGNAL_AT_COMMIT = """
+import os, runpy, signal, sys
+from service.registry import core
+sig = getattr(signal, sys.argv.pop(1))
+core.FAULT_HOOK = lambda point: os.kill(os.getpid(), sig) if point == "committed" else None
+runpy.run_module("service.cli", run_name="__main__", alter_sys=True)
+"""
+
+
+@pytest.mark.parametrize("sig, code, word", [("SIGINT", 130, "interrupted"), ("SIGTERM", 143, "terminated")])
+def test_a_stop_just_after_a_fit_is_registered_still_prints_what_it_registered(world, tmp_path, sig, code, word):
+    """Ctrl-C in the milliseconds after a fit's version was committed exited 130 "interrupted" with no result line,
+    although ``s:1`` was registered: a person rerunning it got ``s:2``. The stop now waits until the command has
+    printed its result, then exits 128 + the signal saying the result stands."""
+    data = tmp_path / "var"
+    p = subprocess.run(_python("-c", _SIGNAL_AT_COMMIT, sig, "--data-dir", data, "fit", "--source",
+                               world / "x.npy", "--target", world / "y.npy", "--method", "procrustes", "--name", "s",
+                               "--quiet"), cwd=ROOT, capture_output=True, text=True, timeout=300, check=False)
+    assert p.returncode == code, (p.returncode, p.stdout, p.stderr)
+    assert p.stdout.startswith("registered s:1 "), p.stdout
+    assert "Traceback" not in p.stderr and "the result above stands" in p.stderr, p.stderr
+    assert _last_line(p.stderr).startswith(f"vecbridge: {word}"), p.stderr
+    listed = _vb(data, "registry", "list")
+    assert listed.returncode == 0 and "latest 1 " in listed.stdout, listed.stdout
