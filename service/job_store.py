@@ -33,7 +33,11 @@ _log = get_logger("jobs")
 #: what to do about an interrupted job of a kind other than a fit's (the advice after the message's last "; ", a
 #: fit's, told a migration to check a map's versions): a migration resumes from its checkpoint
 ADVICE = {"migration": "resubmitting the same migration resumes it from its checkpoint (every batch written so far "
-                       "is kept; `vecbridge migrate --status` shows where it stopped)"}
+                       "is kept; `vecbridge migrate --status` shows where it stopped)",
+          "steer-fit": "a steer fit stopped in its 'register' stage may have registered its version: check the steer's "
+                       "versions (GET /v1/steers/NAME, `vecbridge steer list`) before resubmitting",
+          "verify": "a verification writes nothing: resubmit it"}
+ADVICE["lm-steer-fit"] = ADVICE["steer-fit"]
 
 
 def interrupted_in(state: str, stage: str, fraction: float, error: dict, kind: str | None = None) -> dict:

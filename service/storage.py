@@ -372,10 +372,13 @@ def atomic_write(path, data: bytes | str | Callable[[Path], None], *, tmp_dir=No
         try:
             if held:
                 for e in where.glob(glob.escape(temp_name(path.name, ".tmp-")) + "*"):
-                    if (fd := take_abandoned(e)) is not None and not e.is_symlink():  # a dead writer's
-                        e.unlink(missing_ok=True)
-                    if fd is not None:
-                        os.close(fd)
+                    with contextlib.suppress(OSError):  # best effort: another user's (sticky folder), a folder
+                        if (fd := take_abandoned(e)) is not None:  # a dead writer's
+                            try:
+                                if not e.is_symlink():
+                                    e.unlink(missing_ok=True)
+                            finally:
+                                os.close(fd)
                 lock = hold(tmp, create=True, mode=0o666)  # less the umask, as open() makes it
             if callable(data):
                 data(tmp)

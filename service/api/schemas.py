@@ -592,7 +592,8 @@ SteerOut = record_model("SteerOut", SteerInfo)
 
 class SteerDeleted(SteerOut):
     bare_ref: str | None = Field(None, description="`name:N`: what a bare NAME resolves to now (its live `prod` "
-                                 "version, else its newest live one); null when no live version is left.")
+                                 "version, else its newest live one not flagged unreliable); null when it means "
+                                 "none (no live version left, or only flagged ones).")
 
 
 class SteerTransferRequest(_Strict):

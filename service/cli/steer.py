@@ -83,7 +83,10 @@ def steer_delete(obj: Ctx, name, version):
     click.echo(f"deleted steer {name}:{version}")
     if v.aliases:  # the aliases stay on the deleted version (lineage); say what that changes for their users
         bare = bare_steer_ref(obj.registry, name)
-        now = f"a bare {name!r} is now {bare}" if bare else f"{name!r} has no live version left"
+        live = any(not x.deleted for x in obj.registry.list_steer_versions(name))
+        now = (f"a bare {name!r} is now {bare}" if bare else
+               f"a bare {name!r} means no version (its live versions are all flagged unreliable)" if live else
+               f"{name!r} has no live version left")
         warn_aliases_left("steer", name, version, v.aliases, now)
 
 

@@ -452,12 +452,13 @@ def delete_steer_version(registry, name: str, version: int):
 
 
 def bare_steer_ref(registry, name: str) -> str | None:
-    """``name:N``, the version a bare ``name`` resolves to now (its live ``prod`` version, else its newest live one,
-    as a bare map name), or None when it has no live version: what a delete tells its caller (deleting the version
-    ``prod`` points at hands the bare name to the newest live version, which nobody promoted)."""
+    """``name:N``, the version a bare ``name`` resolves to now (its live ``prod`` version, else its newest live one
+    not flagged unreliable, as a bare map name), or None when it means none (no live version, or only flagged
+    ones): what a delete tells its caller (deleting the version ``prod`` points at hands the bare name to the newest
+    live version, which nobody promoted)."""
     try:
         return registry.resolve_steer(name).ref
-    except NotFoundError:
+    except NotFoundError:  # NoReliableVersionError too: the name means no version
         return None
 
 

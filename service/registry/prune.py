@@ -82,8 +82,9 @@ def _plan(reg, store, t, name: str, keep_last: int, cutoff, *, write: bool) -> d
         aliases.setdefault(int(r["version"]), []).append(r["alias"])
     live = [int(r["version"]) for r in rows]
     pinned = next((v for v in live if reg.path_alias in aliases.get(v, ())), None)
-    good = [int(r["version"]) for r in rows
-            if k.noun != "map" or reliable(json.loads(r["metrics"] or "{}"), r["method"])]
+    good = [int(r["version"]) for r in rows  # a bare steer name skips a flagged version too (resolve_steer)
+            if (reliable(json.loads(r["metrics"] or "{}"), r["method"]) if k.noun == "map"
+                else json.loads(r["metrics"] or "{}").get("reliable") is not False)]
     bare = pinned if pinned is not None else next(iter(good), None)
     kept, deleted = [], []
     for i, r in enumerate(rows):

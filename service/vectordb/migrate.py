@@ -618,6 +618,8 @@ def _finalize(store, source: str, target: str, should_stop, done: int, total: in
     MigrationInterrupted, also when the engine could not cancel it (it ran to its end). A Ctrl-C there exited 0."""
     stopped = MigrationInterrupted(f"stopped while building the index of {target} (all {done} of {total} rows "
                                    "written and checkpointed); run the same command again to build it", done, total)
+    if should_stop is not None and should_stop():  # asked before the build began: none is started
+        raise stopped
     store.finalizing = True
     try:
         store.finalize(target, like=source)

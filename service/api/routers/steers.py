@@ -141,7 +141,8 @@ async def delete_steer_alias(name: NamePath, alias: AliasPath, state: StateDep, 
                summary="Delete a steer version (soft: kept for lineage, no longer resolvable)")
 async def delete_steer_version(name: NamePath, version: VersionPath, state: StateDep):
     """The deleted version, and `bare_ref`: what a bare NAME resolves to now. Aliases stay on the deleted version
-    (they no longer resolve); when `prod` was one of them, the bare name falls to the newest live version."""
+    (they no longer resolve); when `prod` was one of them, the bare name falls to the newest live version not
+    flagged unreliable (`bare_ref` null: none)."""
     def work():
         info = steer_ops.delete_steer_version(state.registry, name, version)
         return {**info.to_dict(), "bare_ref": steer_ops.bare_steer_ref(state.registry, name)}

@@ -243,3 +243,32 @@ def test_an_alias_set_while_a_prune_runs_never_lands_on_a_version_it_deletes(reg
     assert isinstance(got[0], ConflictError) and "deleted version 1" in str(got[0])
     with reg.db.tx() as t:
         assert t.q("SELECT alias FROM aliases WHERE name = 'a'") == []
+
+
+def test_a_steer_prune_keeps_the_version_a_bare_name_uses_past_a_flagged_newer_one(reg):
+    """A review's find: a bare steer name skips a version flagged unreliable (as a map's), but prune took every
+    steer version for a reliable one: with t:2 flagged and --keep-last 1 it deleted t:1, the bare name's version,
+    and said t:2 was kept as the bare name's."""
+    from align.steer import fit_mean_shift
+
+    X = np.random.default_rng(0).normal(size=(20, 6))
+    s = fit_mean_shift(X, np.array([1] * 10 + [-1] * 10))
+    reg.register_steer("t", s, space="six", metrics={"reliable": True})
+    reg.register_steer("t", s, space="six", metrics={"reliable": False, "unreliable_reason": "shuffled"})
+    assert reg.resolve_steer("t").version == 1
+    res = prune_versions(reg, "steers", ["t"], keep_last=1)
+    assert res["deleted"] == [], res
+    kept = {k["version"]: k["why"] for k in res["names"][0]["kept"]}
+    assert kept == {2: ["newest"], 1: ["bare name"]}, kept
+    assert reg.resolve_steer("t").version == 1
+
+
+def test_an_interrupted_steer_fit_or_verification_is_told_what_to_check(tmp_path):
+    """The advice after an interruption named a map's versions for every kind but a migration: a steer fit is told
+    to check the steer's versions, a verification that resubmitting is safe."""
+    from service.job_store import INTERRUPTED, interrupted_in
+
+    steer = interrupted_in("running", "register", 1.0, INTERRUPTED, "steer-fit")["message"]
+    assert "check the steer's versions (GET /v1/steers/NAME" in steer and "/v1/maps" not in steer, steer
+    assert "resubmit it" in interrupted_in("running", "verify", 0.5, INTERRUPTED, "verify")["message"]
+    assert "GET /v1/maps/NAME/versions" in interrupted_in("running", "register", 1.0, INTERRUPTED, "fit")["message"]
