@@ -113,7 +113,8 @@ EXAMPLES: dict[str, dict[str, dict]] = {
         "name": "toy-up", "space": "toy-b", "vectors": _B, "labels": [-1, 1, -1, -1, 1, -1, 1, -1],
         "random_state": 0})},
     "transfer_steer": {"toy": _ex("Carry the steer toy-up (space toy-b) into toy-a through the map toy-b2a (the "
-                                  "`inverse` fit example); registered there with lineage", {
+                                  "`inverse` fit example); registered there with lineage, flagged unreliable as "
+                                  "the map is (8 pairs: too few to judge), so prod is not moved to it", {
         "map": "toy-b2a:1", "name": "toy-up-a", "alias": "prod"})},
     "apply_steer": {"toy": _ex("Steer two toy-b rows at half strength", {
         "vectors": [[1.0, 0.0, 0.0, 0.0], [0.0, 0.0, 1.0, 0.0]], "eps": 0.5})},

@@ -223,10 +223,11 @@ def _lm_steers(registry, lm, refs, load_steer):
     """``(LM, [(SteerInfo, Steer)])``: every ref resolved first, then the LM loaded, then spaces checked."""
     load = load_steer or _registry_steer(registry)
     found = [load(ref) for ref in refs]
+    own = repr(lm.space) if isinstance(lm, LM) else "lm.<model>"  # named once it is loaded
     for info, _ in found:  # an embedding steer: refused before the LM loads (47 s on a cold server), not after
         if not info.space.startswith(lm_space("")):
             raise InputError(f"steer {info.ref} lives in space {info.space!r}, an embedding space: the language "
-                             f"model takes steers of its own space (lm.<model>: `vecbridge lm steer-fit` / "
+                             f"model takes steers of its own space ({own}: `vecbridge lm steer-fit` / "
                              f"POST /v1/lm/steers)")
     lm = lm if isinstance(lm, LM) else lm()
     from ..lm.steering import output_embeddings

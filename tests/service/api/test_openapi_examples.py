@@ -125,7 +125,9 @@ def test_toy_examples_run_in_order(app_client):
     assert [row[0]["id"] for row in hits] == [1, 3]  # toy-a e1 -> toy-b row 1, e3 -> row 3
     # the transfer example named a map toy-b2c@prod the walk-through never made (a 404): it goes through toy-b2a
     moved = answers[("/v1/steers/{ref}/transfer", "toy")]
-    assert (moved["name"], moved["space"], moved["aliases"]) == ("toy-up-a", "toy-a", ["prod"])
+    assert (moved["name"], moved["space"]) == ("toy-up-a", "toy-a")
+    # the toy map's 8 pairs are too few to judge it, so the steer carried through it is flagged and prod not moved
+    assert moved["metrics"]["reliable"] is False and moved["aliases"] == [], moved
 
 
 def test_the_fit_from_texts_example_runs(app_client):
