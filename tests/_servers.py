@@ -53,6 +53,18 @@ def wait_ready(url: str, *, proc: subprocess.Popen | None = None, path: str = "/
     raise AssertionError(f"{url}{path} did not answer 200 within {timeout}s: {tail()}")
 
 
+def start_until(argv: list[str], marker: Path, timeout: float = 120.0) -> subprocess.Popen:
+    """Start ``argv`` (stderr piped) and return it once it has made the file ``marker`` (a script that holds a lock
+    or a file open says so by touching it); AssertionError with its stderr when it exits or ``timeout`` s pass
+    first."""
+    proc = subprocess.Popen(argv, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + timeout
+    while not marker.exists():
+        assert proc.poll() is None and time.time() < deadline, proc.stderr.read()
+        time.sleep(0.05)
+    return proc
+
+
 def stop(proc: subprocess.Popen, timeout: float = 20.0) -> None:
     """SIGTERM ``proc``, wait up to ``timeout`` s for it to exit, else SIGKILL it (and reap it)."""
     proc.terminate()

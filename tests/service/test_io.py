@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from _servers import start_until
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -390,7 +391,6 @@ def test_a_killed_writers_part_file_is_removed_by_the_next_writer_and_a_live_one
     the temporary of a writer still running is kept (its flock is held) and finishes as it would."""
     import subprocess
     import sys
-    import time
 
     root = str(Path(__file__).resolve().parents[2])
     script = tmp_path / "writer.py"
@@ -401,12 +401,8 @@ def test_a_killed_writers_part_file_is_removed_by_the_next_writer_and_a_live_one
     assert r.returncode == -9, r.stderr
     dead = list(out.parent.glob(f".{out.name}.part-*"))
     assert len(dead) == 1
-    live = subprocess.Popen([sys.executable, str(script), str(out), "hold"], stderr=subprocess.PIPE, text=True)
+    live = start_until([sys.executable, str(script), str(out), "hold"], out.parent / "writing")
     try:
-        deadline = time.time() + 120
-        while not (out.parent / "writing").exists():
-            assert live.poll() is None and time.time() < deadline, live.stderr.read()
-            time.sleep(0.05)
         assert not dead[0].exists()  # the live writer's start removed the killed one's
         running = list(out.parent.glob(f".{out.name}.part-*"))
         assert len(running) == 1

@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import align
-from _servers import damage_page
+from _servers import damage_page, start_until
 from conftest import run_cli
 from service.registry import (
     AliasMovedError,
@@ -682,12 +682,8 @@ def test_a_killed_zip_exports_temporary_is_removed_by_the_next_export_and_a_live
     assert not dead[0].exists(), "the killed export's temporary is removed by the next export"
     assert zipfile.ZipFile(out).namelist()  # the export itself is whole
     out.unlink()
-    live = subprocess.Popen([sys.executable, str(script), str(out), "hold"], stderr=subprocess.PIPE, text=True)
+    live = start_until([sys.executable, str(script), str(out), "hold"], out.parent / "writing")
     try:
-        deadline = time.time() + 120
-        while not (out.parent / "writing").exists():
-            assert live.poll() is None and time.time() < deadline, live.stderr.read()
-            time.sleep(0.05)
         running = list(out.parent.glob(".b.zip.tmp-*"))
         reg.export(out)
         assert len(running) == 1 and running[0].exists()  # kept: its writer is alive

@@ -107,13 +107,20 @@ class Gate:
         self.page.evaluate("async () => { await fetch(location.href); await new Promise(r => setTimeout(r)); }")
 
 
-def _steer_run_held(base: str, browser) -> tuple[Page, Gate]:
-    """The steer page with a query, its ε moved by one step (to 0.25) by keyboard: that run's two searches held."""
-    t = Page.open(browser, base, "/ui/steer", READ_KEY)
+def _asking(base: str, browser, path: str) -> tuple[Page, Gate]:
+    """Page ``path`` (search or steer) on index idx-e5 with the query "anything", and a closed Gate on its
+    searches: what it asks next is held."""
+    t = Page.open(browser, base, path, READ_KEY)
     t.page.get_by_label("index", exact=True).select_option("idx-e5")
     t.page.get_by_label("query", exact=True).fill("anything")
     gate = Gate(t.page, "**/v1/indexes/*/search")
     gate.closed = True
+    return t, gate
+
+
+def _steer_run_held(base: str, browser) -> tuple[Page, Gate]:
+    """The steer page with a query, its ε moved by one step (to 0.25) by keyboard: that run's two searches held."""
+    t, gate = _asking(base, browser, "/ui/steer")
     t.page.locator("#st-eps").focus()
     t.page.keyboard.press("ArrowRight")
     gate.wait_held(2)
@@ -185,12 +192,8 @@ def test_an_input_changed_while_the_search_runs_marks_its_answer_as_the_last_sea
     """The form changed while the search was on its way: the answer came unmarked, under the old index's headings,
     beside a form asking for another index and query."""
     base, _, _ = world
-    t = Page.open(browser, base, "/ui/search", READ_KEY)
+    t, gate = _asking(base, browser, "/ui/search")
     pg = t.page
-    pg.get_by_label("index", exact=True).select_option("idx-e5")
-    pg.get_by_label("query", exact=True).fill("anything")
-    gate = Gate(pg, "**/v1/indexes/*/search")
-    gate.closed = True
     pg.get_by_role("button", name="Search").click()
     gate.wait_held(2)
     pg.get_by_label("query", exact=True).fill("something else entirely")
@@ -317,12 +320,8 @@ def test_a_sweep_given_up_for_a_newer_search_never_draws_and_a_drawn_one_says_wh
     question, saying nothing of which. Now a newer search gives the sweep up (its chart is never drawn) and a
     drawn chart names its steer, index and query."""
     base, _, _ = world
-    t = Page.open(browser, base, "/ui/steer", READ_KEY)
+    t, gate = _asking(base, browser, "/ui/steer")
     pg = t.page
-    pg.get_by_label("index", exact=True).select_option("idx-e5")
-    pg.get_by_label("query", exact=True).fill("anything")
-    gate = Gate(pg, "**/v1/indexes/*/search")
-    gate.closed = True
     sweep_button = pg.get_by_role("button", name="Sweep ε")
     sweep_button.click()
     gate.wait_held(7)
