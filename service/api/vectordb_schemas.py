@@ -115,8 +115,16 @@ class MigrationStatus(BaseModel):
     batches: int | None = None
     last_id: Any = Field(None, description="The last id written (an integer or a string id): where a rerun resumes.")
     finished: bool | None = None
-    state: Literal["running", "stopped", "finished"] | None = Field(None, description=(
-        "`stopped`: its last run ended unfinished (interrupted, failed); run it again to resume."))
+    state: Literal["running", "stopped", "interrupted", "finished"] | None = Field(None, description=(
+        "`stopped`: its last run ended unfinished (interrupted, failed); `interrupted`: its last run recorded no end "
+        "but its process is gone (killed: `why` names it); run it again to resume (`resume`)."))
+    holder: dict[str, Any] | None = Field(None, description=(
+        "The process the last run recorded as writing it: `pid`, `host`, `started` (its start time, Linux clock "
+        "ticks since boot); null in a checkpoint of an older vecbridge."))
+    why: str | None = Field(None, description="What `state` rests on: `process N is gone` (interrupted), or a run "
+                                              "on another host that cannot be checked from this one.")
+    resume: str | None = Field(None, description="The `vecbridge migrate` command that resumes it (`STORE`: the "
+                                                 "same vector database); null once finished.")
     fields: list[str] | None = None
     rows_per_s: float | None = Field(None, description="Rows per second of the last run (its own rows and time).")
     eta_s: float | None = Field(None, description="Seconds left at that rate while it runs; null once stopped.")

@@ -73,8 +73,9 @@ def migrate(obj: Ctx, store, text_field, vector_field, id_field, source, target,
         eta = f", ETA {st['eta_s']:.0f}s at {st['rows_per_s']} rows/s" if st["eta_s"] is not None else ""
         emit(st, as_json, f"{st['source']} -> {st['target']}: {st['done']}/{st['total']} rows "
                           f"({100 * st['fraction']:.1f}%), last id {st['last_id']}, "
-                          f"{'finished' if st['finished'] else 'not finished, ' + st['state']}{eta}"
-                          + _keep_status_line(st))
+                          f"{'finished' if st['finished'] else 'not finished, ' + st['state']}"
+                          f"{' (' + st['why'] + ')' if st['why'] else ''}{eta}" + _keep_status_line(st)
+                          + (f"; resume: {st['resume']}" if st["state"] in ("interrupted", "stopped") else ""))
         return
     store = obj.store_url(store)
     quiet_client_logs(store)  # pymilvus logged ~150 lines of tracebacks before the one error line

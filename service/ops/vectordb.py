@@ -21,7 +21,9 @@ query-side migration) through one :class:`SharedStore`; :func:`verify_verdict` i
 from __future__ import annotations
 
 import contextlib
+import shlex
 import signal
+import socket
 import sys
 import threading
 import time
@@ -41,6 +43,7 @@ from ..vectordb import (
     migrate,
     open_store,
 )
+from ..vectordb.holder import holder_gone
 from ..vectordb.keep import read_keep_ids
 from ..vectordb.lost import lost_as_unavailable
 from ..vectordb.migrate import is_artifact_path
@@ -213,10 +216,12 @@ def stopped_by(exc: MigrationInterrupted) -> tuple[str, int]:
 
 
 def checkpoint_status(checkpoint) -> dict:
-    """What a checkpoint file says: rows done of total, last id, finished, ``state`` (running, stopped or
-    finished), the rate of the last run (its rows over its own time, not the time between runs) and, while it
-    runs, the ETA at that rate (None once stopped: nothing is moving). A run killed without a word (kill -9)
-    still reads as running. The keep set it was given (``migrate --keep-ids``, ``keep``), which a resume must give
+    """What a checkpoint file says: rows done of total, last id, finished, ``state`` (running, stopped,
+    interrupted or finished), the rate of the last run (its rows over its own time, not the time between runs) and,
+    while it runs, the ETA at that rate (None once stopped: nothing is moving). ``holder``: the process the run
+    records as writing it (pid, host, start time); a run that recorded no stop but whose process is gone (kill -9,
+    an OOM kill) is ``interrupted``, ``why`` saying so ("process N is gone"; it read "running" for ever), and
+    ``resume`` is the command that resumes it (None once finished). The keep set it was given (``migrate --keep-ids``, ``keep``), which a resume must give
     again: ``keep_rows`` (0: none), ``kept`` (rows written with their own vectors so far; None without a set) and
     ``keep_digest`` (its first 12 hex digits, as a refused resume names it; None without a set)."""
     state = FileCheckpoint(checkpoint).load()
@@ -227,13 +232,28 @@ def checkpoint_status(checkpoint) -> dict:
     rows = done - int(state.get("run_done_at_start") or 0)  # a checkpoint of 0.x: the runs together, as before
     rate = rows / (updated - started) if started and updated and updated > started else None
     now = "finished" if state.get("finished") else "stopped" if state.get("stopped_at") else "running"
+    holder, why = state.get("holder"), None
+    if now == "running" and holder_gone(holder):
+        now, why = "interrupted", f"process {holder['pid']} is gone"
+    elif now == "running" and isinstance(holder, dict) and holder.get("host") != socket.gethostname():
+        why = f"by process {holder.get('pid')} on host {holder.get('host')} (not checked from this host)"
     eta = max(total - done, 0) / rate if now == "running" and rate else None
     return {"checkpoint": str(checkpoint), "source": state.get("source"), "target": state.get("target"),
             "done": done, "total": total, "fraction": round(done / total, 4) if total else 1.0,
             "batches": int(state.get("batches", 0)), "last_id": state.get("last_id"),
             "finished": bool(state.get("finished")), "state": now, "fields": state.get("fields", []),
             "rows_per_s": None if rate is None else round(rate, 1), "eta_s": None if eta is None else round(eta, 1),
-            "updated_at": updated or state.get("finished_at"), **_keep_status(state)}
+            "updated_at": updated or state.get("finished_at"), "holder": holder, "why": why,
+            "resume": None if state.get("finished") else _resume_command(state, checkpoint), **_keep_status(state)}
+
+
+def _resume_command(state: dict, checkpoint) -> str:
+    """The ``vecbridge migrate`` command that resumes the migration a checkpoint records (HTTP runs too: the
+    CLI resumes their checkpoints); the store is the one it ran on (not recorded: its URL may hold a password)."""
+    keep = " --keep-ids IDS --keep-vectors VECTORS" if state.get("keep_digest") else ""
+    return (f"vecbridge migrate --store STORE --source {shlex.quote(str(state.get('source')))} --target "
+            f"{shlex.quote(str(state.get('target')))} --map {shlex.quote(str(state.get('map') or 'MAP'))} "
+            f"--checkpoint {shlex.quote(str(checkpoint))}{keep}")
 
 
 def _keep_status(state: dict) -> dict:

@@ -64,6 +64,7 @@ from .base import (METRICS, CheckpointMismatchError, CollectionExistsError, Coll
                    id_key)
 from ..spaces import SPACE_SAMPLE_ROWS, Reference, judge_rows
 from .checkpoint import Checkpoint, MemoryCheckpoint
+from .holder import this_process
 from .keep import KeepSet, check_keep_resume, keep_set
 
 __all__ = ["migrate", "resolve_map", "map_spaces", "is_artifact_path", "map_fingerprint", "MigrationProgress", "MigrationReport",
@@ -555,8 +556,10 @@ def _migrate(store: VectorStore, source: str, target: str, map_, *, alias, batch
     total = store.count(source)
     rows_run = 0
     fields_seen = set(state.get("fields", []))
-    # this run's start, for --status's rate and ETA (not the first run's: time between runs is no work)
-    state.update(run_started_at=time.time(), run_done_at_start=int(state["done"]), stopped_at=None)
+    # this run's start, for --status's rate and ETA (not the first run's: time between runs is no work); holder: who
+    # writes it, so that --status tells a run killed with kill -9 (it records no stop) from one still running
+    state.update(run_started_at=time.time(), run_done_at_start=int(state["done"]), stopped_at=None,
+                 holder=this_process())
     checkpoint.save(state)
     try:
         for batch in store.scan(source, after_id=state["last_id"], batch_size=batch_size, with_fields=True):

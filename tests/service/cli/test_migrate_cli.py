@@ -401,3 +401,43 @@ def test_a_migration_logged_to_a_file_has_no_progress_bar(world, vb):
     p = vb(world["data"], "migrate", "--store", world["store"], "--source", "docs_a", "--target", "logged",
            "--map", "a2b@prod", "--checkpoint", world["dir"] / "logged.json")
     assert p.returncode == 0 and p.stderr == "" and p.stdout.startswith(f"migrated {N} rows"), (p.stdout, p.stderr)
+
+
+def test_a_migration_killed_with_sigkill_reads_interrupted_with_its_resume_command(world, vb):
+    """``kill -9`` (an OOM kill) records no stop: ``--status`` and ``GET /v1/migrations`` said "running" for ever.
+    The run records its process (pid, host, start time); once that process is gone the status says "interrupted
+    (process N is gone)" and gives the command that resumes it, which does."""
+    import shlex
+
+    from _api_support import R, settings_for
+    from fastapi.testclient import TestClient
+
+    from service.api.app import create_app
+
+    data = world["data"]
+    common = ["migrate", "--store", world["store"], "--source", "docs_a", "--target", "docs_k9", "--map", "a2b@prod"]
+    child = subprocess.Popen([*_CLI, "--data-dir", str(data), *common, "--batch-size", "20", "--pause", "1.0",
+                              "--json"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        json.loads(child.stdout.readline())  # a batch is written and checkpointed
+        live = json.loads(vb(data, *common, "--status", "--json").stdout)
+        assert live["state"] == "running" and live["holder"]["pid"] == child.pid and live["why"] is None, live
+    finally:
+        child.kill()
+        child.communicate(timeout=60)
+    p = vb(data, *common, "--status", "--json")
+    st = json.loads(p.stdout)
+    assert p.returncode == 0 and st["state"] == "interrupted" and st["eta_s"] is None, st
+    assert st["why"] == f"process {child.pid} is gone" and 0 < st["done"] < N, st
+    line = vb(data, *common, "--status").stdout
+    assert f"not finished, interrupted (process {child.pid} is gone)" in line and "resume: vecbridge migrate" in line
+    with TestClient(create_app(settings_for(world["dir"], data_dir=data))) as c:
+        rows = {d["name"]: d for d in c.get("/v1/migrations", headers=R).json()["data"]}
+    row = rows["docs_a-to-docs_k9"]
+    assert row["state"] == "interrupted" and row["why"] == st["why"] and row["resume"] == st["resume"], row
+    argv = shlex.split(st["resume"].replace("STORE", shlex.quote(world["store"])))
+    assert argv[0] == "vecbridge", argv
+    again = vb(data, *argv[1:], "--json")
+    rep = json.loads(again.stdout.strip().splitlines()[-1])
+    assert again.returncode == 0 and rep["rows"] == N and rep["resumed_from"] == st["last_id"], again.stderr
+    assert json.loads(vb(data, *common, "--status", "--json").stdout)["state"] == "finished"
