@@ -414,7 +414,35 @@ def worker_app() -> FastAPI:
     _stop_with_parent()
     s, key_file = ensure_local_key(get_settings())  # the parent made the file; without one: the environment's
     configure_logging(s.log_level, server=True)
-    return create_app(s if key_file is not None else None)
+    app = create_app(s if key_file is not None else None)
+    _note_forced_stop(app)
+    return app
+
+
+def _note_forced_stop(app) -> None:
+    """A worker's second Ctrl-C marks ``app`` stopped at once (``app.state.stop_forced``), as :func:`_run`'s server
+    does for one process: the 503 of a request it cuts says "stopped at once by a second stop signal". A worker runs
+    uvicorn's own server, so its cut requests said they were "still open shutdown_timeout_s after the stop signal".
+    Called while that server loads the app, inside its signal handling: its SIGINT handler is chained."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    handler = signal.getsignal(signal.SIGINT)
+    server = getattr(handler, "__self__", None)  # the uvicorn server whose handle_exit it is
+    if not hasattr(server, "force_exit"):
+        return
+
+    def on_int(signum, frame):
+        handler(signum, frame)
+        _mark_forced(server, app)
+
+    signal.signal(signal.SIGINT, on_int)
+
+
+def _mark_forced(server, app) -> None:
+    """``app.state.stop_forced`` once ``server`` (uvicorn's) force-exits: a second Ctrl-C cuts the open requests."""
+    if server.force_exit:
+        with contextlib.suppress(AttributeError):  # an app without a state (not create_app's)
+            app.state.stop_forced = True
 
 
 def _stop_with_parent() -> None:
@@ -458,9 +486,7 @@ def _run(config) -> tuple[bool, str | None]:
 
         def handle_exit(self, sig, frame):
             super().handle_exit(sig, frame)
-            if self.force_exit:  # a second Ctrl-C: the requests still open are cut now (their 503 says so)
-                with contextlib.suppress(AttributeError):  # an app without a state (not create_app's)
-                    self.config.app.state.stop_forced = True
+            _mark_forced(self, self.config.app)  # a second Ctrl-C: the requests still open are cut now (503 says so)
 
         @contextlib.contextmanager
         def capture_signals(self):
