@@ -351,7 +351,10 @@ class APICalls(SteerCalls, TagCalls, Calls):
         rows check could not tell, e.g. rows added unchecked while the registry did not answer).
 
         More rows than one request may hold go in batches (``batch_size``): not one transaction; ``notes`` holds every
-        batch's, each once. An error after the first batch carries ``added_ids``, the ids of the rows already added."""
+        batch's, each once. Whatever ends the call part-way carries ``added_ids``, the ids of the rows of the batches
+        already answered (resume with the rows after them): an :class:`APIError` or :class:`APIConnectionError`, a
+        Ctrl-C (the ``KeyboardInterrupt``, raised on with the attribute), an ``AsyncClient`` call cancelled (its
+        ``CancelledError``). The batch in flight may be added too: adding its rows again under their ids tells."""
         A = None if vectors is None else matrix(vectors)
         texts, ids, payloads = as_list(texts), as_list(ids), as_list(payloads)
         n = len(A) if A is not None else len(texts or [])
@@ -369,7 +372,7 @@ class APICalls(SteerCalls, TagCalls, Calls):
 
         try:
             answers = yield from self._batched(n, row, send)
-        except (APIError, APIConnectionError) as e:
+        except BaseException as e:  # a Ctrl-C between batches lost which rows were in (only API errors said)
             partly_added(e, added)
             raise
         if len(answers) == 1:

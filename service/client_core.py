@@ -4,7 +4,8 @@ Each call of the API (``transform``, ``search``, ``wait`` ...) is a generator ("
 and is told what happened; it never touches a socket or a clock's sleep itself. It yields
 
 * :class:`Send` ``(method, path, kw)``: send one HTTP request; the driver sends back the ``httpx.Response``, or
-  throws the ``httpx.RequestError`` (no answer) into the generator;
+  throws the ``httpx.RequestError`` (no answer) into the generator, and so a Ctrl-C or a task's cancel that came
+  while it waited (a sleep too): the call may say what it had done (``add``'s ``added_ids``) before it goes on;
 * :class:`Sleep` ``(seconds)``: wait (a retry's backoff, a job's poll interval);
 * :class:`Await` ``(awaitable)``: what a caller's callback returned (an ``async def`` progress callback), to
   be awaited: only the async driver can; the sync one raises ``TypeError``;
@@ -188,24 +189,27 @@ def run_sync(http: httpx.Client, gen: Gen) -> Any:
         except StopIteration as done:
             return done.value
         reply = error = None
-        if isinstance(step, Sleep):
-            time.sleep(step.seconds)
-            continue
         if isinstance(step, Await):
             getattr(step.awaitable, "close", lambda: None)()  # a coroutine never run: no "never awaited" warning
             gen.close()
             raise TypeError("a callback returned an awaitable (an async def?): Client calls it without awaiting; "
                             "pass a plain function, or use AsyncClient")
         try:
-            reply = http.request(step.method, step.path, **step.kw)
+            if isinstance(step, Sleep):
+                time.sleep(step.seconds)
+            else:
+                reply = http.request(step.method, step.path, **step.kw)
         except httpx.RequestError as e:
             error = e
         except RuntimeError as e:  # httpx's untyped "Cannot send a request, as the client has been closed"
             error = _closed(http, step, e)
+        except BaseException as e:  # noqa: BLE001 - a Ctrl-C while waiting: thrown into the call, which raises it on
+            error = e  # (an add in batches says first which rows are in: its added_ids; it closed the call unsaid)
 
 
 async def run_async(http: httpx.AsyncClient, gen: Gen) -> Any:
-    """Run ``gen`` to its result on ``http`` and ``asyncio.sleep`` (cancelling the task closes ``gen``)."""
+    """Run ``gen`` to its result on ``http`` and ``asyncio.sleep`` (cancelling the task throws its CancelledError
+    into ``gen``, which raises it on, then closes it)."""
     reply: Any = None
     error: BaseException | None = None
     try:
@@ -215,18 +219,20 @@ async def run_async(http: httpx.AsyncClient, gen: Gen) -> Any:
             except StopIteration as done:
                 return done.value
             reply = error = None
-            if isinstance(step, Sleep):
-                await asyncio.sleep(step.seconds)
-                continue
             if isinstance(step, Await):
                 reply = await step.awaitable
                 continue
             try:
-                reply = await http.request(step.method, step.path, **step.kw)
+                if isinstance(step, Sleep):
+                    await asyncio.sleep(step.seconds)
+                else:
+                    reply = await http.request(step.method, step.path, **step.kw)
             except httpx.RequestError as e:
                 error = e
             except RuntimeError as e:
                 error = _closed(http, step, e)
+            except BaseException as e:  # noqa: BLE001 - cancelled while waiting: thrown into the call (as run_sync)
+                error = e
     finally:
         gen.close()
 

@@ -10,6 +10,9 @@ marked ``both_clients`` run ``AsyncClient`` too.
 
 from __future__ import annotations
 
+import asyncio
+
+import httpx
 import numpy as np
 import pytest
 from _clients import both_clients
@@ -115,3 +118,57 @@ def test_spans_cover_every_row_once_in_order_within_the_limits(n, rows, budget, 
     for p in parts:
         assert 1 <= p.stop - p.start <= rows or n == 0
         assert p.stop - p.start == 1 or per_row[p].sum() <= budget  # a row alone over the budget goes alone
+
+
+class _StopAtThirdAdd:
+    """A real transport (real sockets to the real server) at which the caller stops before the third request that
+    adds rows: a Ctrl-C (``KeyboardInterrupt``) for ``Client``, a cancelled task for ``AsyncClient``."""
+
+    def __init__(self, stop: BaseException):
+        self.adds, self.stop = 0, stop
+
+    def before(self, request) -> None:
+        if request.method == "POST" and request.url.path.endswith("/vectors"):
+            self.adds += 1
+            if self.adds == 3:
+                raise self.stop
+
+
+class _SyncStop(_StopAtThirdAdd, httpx.HTTPTransport):
+    def __init__(self, stop):
+        _StopAtThirdAdd.__init__(self, stop)
+        httpx.HTTPTransport.__init__(self)
+
+    def handle_request(self, request):
+        self.before(request)
+        return super().handle_request(request)
+
+
+class _AsyncStop(_StopAtThirdAdd, httpx.AsyncHTTPTransport):
+    def __init__(self, stop):
+        _StopAtThirdAdd.__init__(self, stop)
+        httpx.AsyncHTTPTransport.__init__(self)
+
+    async def handle_async_request(self, request):
+        self.before(request)
+        return await super().handle_async_request(request)
+
+
+@both_clients
+def test_an_add_stopped_between_batches_says_which_rows_were_added(server, client_cls, client_kind):
+    """A Ctrl-C (or, from asyncio, a cancel) between the batches of an ``add`` lost which rows were in: only an API
+    error carried ``added_ids``. The KeyboardInterrupt / CancelledError is raised on with them, and a resume with
+    the other rows completes the index."""
+    url, _, _ = server
+    X, name = _rows(100, 3), f"stopped-{client_kind}"
+    stop, transport = ((KeyboardInterrupt(), _SyncStop) if client_kind == "sync" else
+                       (asyncio.CancelledError(), _AsyncStop))
+    with client_cls(url, api_key=WKEY, batch_size=30, transport=transport(stop)) as vb:
+        vb.create_index(name, "a", X[:1], ids=[0])
+        with pytest.raises(type(stop)) as err:
+            vb.add(name, X[1:], ids=list(range(1, 100)))
+        assert err.value is stop and err.value.added_ids == list(range(1, 61)), getattr(err.value, "added_ids", None)
+        assert vb.get_index(name)["count"] == 61
+        rest = [i for i in range(1, 100) if i not in set(err.value.added_ids)]
+    with client_cls(url, api_key=WKEY, batch_size=30) as vb:
+        assert vb.add(name, X[rest], ids=rest)["ids"] == rest and vb.get_index(name)["count"] == 100
