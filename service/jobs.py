@@ -106,6 +106,16 @@ class JobContext:
         """Whether to stop now: a cancel was asked for, or a shutdown recorded the job interrupted (no cancel)."""
         return self._job.cancel_requested or self._job.state in TERMINAL
 
+    def cancel_asked(self) -> bool:
+        """:meth:`should_cancel` for a watcher polling beside work that reports no progress (an index build): it
+        also picks up a cancel asked through another process, writing the record as :meth:`progress` does (at most
+        every ``interval`` s); from any thread."""
+        now = time.monotonic()
+        if self._persist is not None and now - self._persisted_at >= self._interval:
+            self._persisted_at = now
+            self._persist(self._job)
+        return self.should_cancel()
+
     def progress(self, stage: str, fraction: float | None = None) -> None:
         """Record ``stage`` and how far it has got, ``fraction`` in [0, 1] (of that stage, as every
         :data:`service.progress.Progress`); raise Cancelled when asked to stop."""

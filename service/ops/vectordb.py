@@ -146,13 +146,44 @@ class _StopOnSignal:
             signal.signal(sig, h)
 
 
+#: how often a migration with an outside stop (``run_migration``'s ``cancelled``) looks at it while its index builds
+CANCEL_POLL_S = 0.2
+
+
+class _CancelWatch:
+    """While a migration runs, a thread polls ``cancelled`` (a server job's cancel) during the target's finalize (the
+    index build: ~85% of a pgvector migration, with no batch to stop after) and cancels it (``store.interrupt()``),
+    as the CLI's signal handler does; a job cancelled there ran the build to its end and then succeeded."""
+
+    def __init__(self, store, cancelled: Callable[[], bool] | None):
+        self.store, self.cancelled = store, cancelled
+        self.done = threading.Event()
+        self.thread: threading.Thread | None = None
+
+    def _watch(self) -> None:
+        while not self.done.wait(CANCEL_POLL_S):
+            if self.store.finalizing and self.cancelled():  # again while it lasts: one asked as a statement began
+                self.store.interrupt()  # (between two, or before the build's) found nothing to cancel
+
+    def __enter__(self):
+        if self.cancelled is not None:
+            self.thread = threading.Thread(target=self._watch, name="migration-cancel", daemon=True)
+            self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.done.set()
+        if self.thread is not None:
+            self.thread.join()
+
+
 def run_migration(*, store_url: str, source: str, target: str, map_ref, checkpoint, registry=None,
                   alias: str | None = None, batch_size: int = 2000, overwrite: bool = False, pause: float = 0.0,
                   index: str | None = None, id_field: str | None = None, vector_field: str | None = None,
                   text_field: str | None = None, source_space: str | None = None, target_space: str | None = None,
                   progress: Callable[[MigrationProgress], None] | None = None, api_key: str | None = None,
                   ca_file=None, dry_run: bool = False, space_option: str = "--source-space", keep_ids=None,
-                  keep_vectors=None) -> MigrationReport:
+                  keep_vectors=None, cancelled: Callable[[], bool] | None = None) -> MigrationReport:
     """Migrate ``source`` into ``target`` through ``map_ref`` (artifact path or registry ref), resumably.
 
     ``checkpoint``: a JSON file path (run the same call again to resume). ``pause``: seconds to
@@ -162,7 +193,9 @@ def run_migration(*, store_url: str, source: str, target: str, map_ref, checkpoi
     the typed errors of :func:`service.vectordb.migrate`, and MigrationInterrupted on the first Ctrl-C / SIGTERM /
     SIGHUP (its ``signum`` says which). ``keep_ids`` / ``keep_vectors``: the rows re-embedded to fit the map, kept
     with their own vectors (files, :func:`service.vectordb.keep.read_keep_ids` and a vector file; or arrays; see
-    :func:`service.vectordb.migrate`).
+    :func:`service.vectordb.migrate`). ``cancelled``: a stop asked from outside (a server job's cancel), polled
+    after each batch as a signal is, and while the target's index builds (every :data:`CANCEL_POLL_S`), which it
+    cancels as a signal does (:meth:`~service.vectordb.base.VectorStore.interrupt`): MigrationInterrupted.
     """
     if pause < 0:
         raise InputError(f"pause must be >= 0, got {pause}")
@@ -178,12 +211,16 @@ def run_migration(*, store_url: str, source: str, target: str, map_ref, checkpoi
             time.sleep(pause)
 
     stop = _StopOnSignal(store)
+
+    def should_stop() -> bool:
+        return stop.event.is_set() or (cancelled is not None and cancelled())
+
     try:  # the database gone mid-run: exit 75 (retry later), one line; was exit 3, "internal"
-        with stop, lost_as_unavailable(store, "every batch written so far is checkpointed: run the same command "
-                                              "again to resume"):
+        with stop, _CancelWatch(store, cancelled), lost_as_unavailable(
+                store, "every batch written so far is checkpointed: run the same command again to resume"):
             return migrate(store, source, target, map_ref, registry=registry, alias=alias, batch_size=batch_size,
                            checkpoint=ckpt, progress=on_batch, overwrite=overwrite, source_space=source_space,
-                           target_space=target_space, should_stop=stop.event.is_set, dry_run=dry_run,
+                           target_space=target_space, should_stop=should_stop, dry_run=dry_run,
                            space_option=space_option, keep_ids=keep_ids, keep_vectors=keep_vectors)
     except MigrationInterrupted as exc:
         exc.signum = stop.signum  # which signal stopped it: SIGTERM exited 130 as Ctrl-C does, not 143

@@ -5,7 +5,8 @@ The job is the CLI's ``vecbridge migrate`` (:func:`service.ops.vectordb.run_migr
 is configured with (``VECBRIDGE_VECTORDB_URL`` and its key / CA settings): a client names collections and a
 registry map, never a URL or a file, so the service reaches no database and reads no file a client chooses.
 Progress is the job's (``GET /v1/jobs/{id}``: rows done / total); ``DELETE /v1/jobs/{id}`` stops it after the
-batch in flight, and the checkpoint (``DATA_DIR/migrations/<source>-to-<target>.json``, the CLI's default)
+batch in flight (or cancels the target's index build, pgvector), and the checkpoint
+(``DATA_DIR/migrations/<source>-to-<target>.json``, the CLI's default)
 lets the same request, or ``vecbridge migrate``, resume it.
 """
 
@@ -39,7 +40,8 @@ MIGRATION_DOC = """Queue a migration of a collection in the service's vector dat
 Milvus, PostgreSQL + pgvector or Qdrant) through a registry map into a new collection, ids, texts and other
 fields kept; the answer (202) carries the job id at once. `GET /v1/jobs/{id}` follows it (stage `migrate`,
 fraction = rows written / rows in the source; on success `result.report`: rows, batches, seconds, fields, the
-space check); `DELETE /v1/jobs/{id}` stops it after the batch in flight. The checkpoint (`checkpoint` in the
+space check); `DELETE /v1/jobs/{id}` stops it after the batch in flight, or cancels the target's index build
+(PostgreSQL). The checkpoint (`checkpoint` in the
 result, the CLI's default place) makes the same request resume where it stopped; `vecbridge migrate --status`
 reads it. `dry_run: true` makes every check a run makes, reads and maps one batch, and writes nothing. `keep`
 (ids + vectors of the rows re-embedded to fit the map) writes those rows' own new-model vectors instead of mapped
@@ -82,7 +84,7 @@ def create_migration(body: bytes, request, state, settings):
                             text_field=opts.text_field, source_space=opts.source_space,
                             target_space=opts.target_space, progress=progress, api_key=settings.vectordb_api_key,
                             ca_file=settings.vectordb_ca_file, dry_run=opts.dry_run, space_option="source_space",
-                            keep_ids=keep_ids, keep_vectors=keep_vectors)
+                            keep_ids=keep_ids, keep_vectors=keep_vectors, cancelled=ctx.cancel_asked)
         return {"map": ref, "checkpoint": str(checkpoint), "report": rep.to_dict()}
 
     what = "dry run of a migration" if opts.dry_run else "migrate"

@@ -86,3 +86,57 @@ def test_a_stop_during_the_index_build_cancels_it_and_a_rerun_builds_it(pg_url, 
         for t in (src, dst):
             s.drop(t)
     watch.close()
+
+
+def test_a_job_cancelled_during_the_index_build_cancels_it_and_the_same_request_builds_it(pg_url,  # noqa: F811
+                                                                                         tmp_path):
+    """``DELETE /v1/jobs/{id}`` of a migration job (the server's ``POST /v1/migrations``) while the target's index
+    builds: the CLI's Ctrl-C cancelled the build since it was fixed, but a job's cancel was read only after each
+    batch, so the build ran to its end (here: for as long as the lock is held) and the job then succeeded."""
+    import httpx
+    from _api_support import W
+    from _jobs_support import wait_http_job
+    from _servers import seeded_uvicorn
+
+    dst = "fs_job_dst"
+    locker = psycopg.connect(pg_url)
+    watch = psycopg.connect(pg_url, autocommit=True)
+    with seeded_uvicorn(tmp_path, {"VECBRIDGE_VECTORDB_URL": pg_url}) as (base, (X, _, _m)):
+        with open_store(pg_url) as s:
+            for t in ("fs_job_src", dst):
+                s.drop(t)
+            s.create("fs_job_src", X.shape[1])
+            s.set_space("fs_job_src", "a")
+            s.upsert("fs_job_src", np.arange(len(X)), X)
+        body = {"source": "fs_job_src", "target": dst, "map": "a2b", "index": "hnsw", "batch_size": 50,
+                "pause": 0.3}
+        with httpx.Client(base_url=base, headers=W, timeout=60) as c:
+            jid = c.post("/v1/migrations", json=body).json()["id"]
+            try:
+                deadline = time.monotonic() + 120
+                while not watch.execute("SELECT to_regclass(%s)", (dst,)).fetchone()[0]:
+                    assert time.monotonic() < deadline and c.get(f"/v1/jobs/{jid}").json()["state"] == "running"
+                    time.sleep(0.02)
+                locker.execute(f"LOCK TABLE {dst} IN ROW EXCLUSIVE MODE")  # rows go in; the index waits for it
+                while not watch.execute("SELECT 1 FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query "
+                                        "LIKE 'CREATE INDEX%%' AND query LIKE %s", (f"%{dst}%",)).fetchone():
+                    assert time.monotonic() < deadline and c.get(f"/v1/jobs/{jid}").json()["state"] == "running"
+                    time.sleep(0.02)
+                assert c.delete(f"/v1/jobs/{jid}").status_code in (200, 202)
+                try:  # the old code waited on until the lock went (then succeeded)
+                    job = wait_http_job(c, jid, timeout=60)
+                except AssertionError as exc:
+                    job = {"state": f"not ended 60 s after the cancel: {exc}"}
+            finally:
+                locker.rollback()
+                locker.close()
+            assert job["state"] == "cancelled", job
+            assert "building the index" in job["error"]["message"], job
+            assert _vector_indexes(watch, dst) == [], "a cancelled build leaves no index"
+            again = wait_http_job(c, c.post("/v1/migrations", json=body).json()["id"], timeout=300)
+            assert again["state"] == "succeeded" and again["result"]["report"]["rows_this_run"] == 0, again
+            assert len(_vector_indexes(watch, dst)) == 1, "the same request builds the index"
+    with open_store(pg_url) as s:
+        for t in ("fs_job_src", dst):
+            s.drop(t)
+    watch.close()
