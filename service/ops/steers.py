@@ -68,9 +68,9 @@ def check_steer_params(params: Mapping | None, random_state: int | None = 0, *, 
     """Effective parameters (defaults filled, the seed ``random_state`` folded in: None is 0); unknown keys, method or
     a bad value (:func:`align.steer.check_steer_options`) raise InputError, and so does ``random_state`` among the
     params (the fit's own ``random_state`` is the seed: every face sends one, so a second one was refused or
-    ignored), and any parameter the method does not read (``rank`` but for ``lm-steer``; any for ``mean-shift``,
-    whose effective parameters are the method and the seed). ``dim``, the rows' width when known, bounds
-    ``lm-steer``'s rank."""
+    ignored), and any parameter the method does not read (``rank`` but for ``lm-steer``; any for ``mean-shift``).
+    The effective parameters, stored with the version, are those the method reads (:data:`_METHOD_PARAMS`), the
+    method and the seed. ``dim``, the rows' width when known, bounds ``lm-steer``'s rank."""
     params = dict(params or {})
     if "random_state" in params:
         raise InputError("random_state is not a steer parameter: give the seed as the fit's own random_state "
@@ -90,9 +90,12 @@ def check_steer_params(params: Mapping | None, random_state: int | None = 0, *, 
     seed = 0 if random_state is None else random_state
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or not 0 <= seed <= MAX_SEED:
         raise InputError(f"random_state must be an integer in 0 .. {MAX_SEED}, got {seed!r}")
+    # the parameters that take part in the fit (a local steer stored lm-steer's rank 16, temperature, max_iter ... as
+    # if they had shaped it); a version stored before keeps its full dict, read as it was
+    used = {"method", *_METHOD_PARAMS[method]}
+    effective = {**{k: v for k, v in STEER_PARAMS.items() if k in used}, **params, "random_state": int(seed)}
     if method == "mean-shift":
-        return {"method": method, "random_state": int(seed)}
-    effective = {**STEER_PARAMS, **params, "random_state": int(seed)}
+        return effective
     # the values too, as the fit will check them (a 422, not a failed job)
     check_steer_options(**{k: v for k, v in _fit_args(effective).items() if k != "random_state"}, dim=dim)
     return effective

@@ -238,6 +238,44 @@ def test_the_local_steers_prior_weight_and_folds_are_parameters(tmp_path):
         reg.close()
 
 
+def test_a_stored_steer_lists_only_the_parameters_its_fit_used(tmp_path):
+    """A local steer was stored with every default of STEER_PARAMS: lm-steer's rank 16, temperature, max_iter,
+    max_pairs ... as if they had shaped it (and an lm-steer with the local ridge, n_folds ...). Now a version stores
+    its method's own parameters, the method and the seed. A version stored before, with the full dict, still
+    resolves, loads, applies and shows its parameters as stored."""
+    from service.ops.steers import fit_and_register
+
+    X, y = data()
+    own = {"local": {"n_queries", "n_neighbors", "ridge", "opposite_weight", "prior_weight", "n_folds"},
+           "lm-steer": {"rank", "temperature", "weight_decay", "max_iter", "max_pairs", "n_candidates",
+                        "n_neighbors", "init_scale"}, "mean-shift": set()}
+    reg = open_registry(f"sqlite:///{tmp_path}/r.sqlite", tmp_path / "art")
+    try:
+        for method, extra in (("local", {"ridge": 0.2}), ("lm-steer", {"rank": 2, "max_iter": 5}),
+                              ("mean-shift", {})):
+            v = fit_and_register(reg, name=f"new-{method}", space="toy", X=X, labels=y, random_state=3,
+                                 params={"method": method, **extra})
+            stored = reg.get_steer(v.name, v.version).params
+            assert set(stored) == own[method] | {"method", "random_state"}, (method, sorted(stored))
+            assert stored["method"] == method and stored["random_state"] == 3
+            assert all(stored[k] == val for k, val in extra.items())
+        # a version as an older release stored it: every default, the other method's too
+        legacy = {"method": "local", "rank": 16, "temperature": 0.05, "weight_decay": 1e-3, "max_iter": 200,
+                  "max_pairs": 2048, "n_candidates": 4096, "n_neighbors": None, "init_scale": 1e-2,
+                  "n_queries": 4000, "ridge": 0.1, "opposite_weight": 0.0, "prior_weight": "auto", "n_folds": 2,
+                  "random_state": 0}
+        old = fit_steer_job(X, y, {}, space="toy")
+        reg.register_steer("old", old, space="toy", params=legacy, random_state=0)
+        got = reg.resolve_steer("old")
+        assert got.params == legacy and [s.params for s in reg.list_steer_versions("old")] == [legacy]
+        np.testing.assert_allclose(apply_steer_job(X[:4], [(reg.load_steer(got), 1.0)]), old.apply(X[:4], 1.0),
+                                   atol=1e-6)
+        assert fit_and_register(reg, name="old", space="toy", X=X, labels=y).params.keys() == own["local"] | {
+            "method", "random_state"}  # a refit of it stores the new way beside it
+    finally:
+        reg.close()
+
+
 def test_an_embedding_steer_is_refused_before_the_language_model_loads(tmp_path):
     """/v1/lm/generate with a steer of an embedding space answered 422 only after loading the LM (47 s on a cold
     server): its space, which no language model's is, is now read first; the loader is never called."""
