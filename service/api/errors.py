@@ -39,7 +39,7 @@ from ..storage import is_storage_error, storage_message
 from .codec import validation_error
 from .responses import FastJSONResponse
 
-__all__ = ["error_response", "install_error_handlers", "status_for"]
+__all__ = ["allowed_methods", "error_response", "install_error_handlers", "status_for"]
 
 _log = get_logger("errors")
 
@@ -108,11 +108,16 @@ def _validation_handler(request: Request, exc: RequestValidationError) -> FastJS
 _METHODS = ("DELETE", "GET", "HEAD", "OPTIONS", "PATCH", "POST", "PUT")
 
 
-def _allowed_methods(request: Request) -> list[str]:
+def _catch_all(route) -> bool:
+    return any(getattr(getattr(route, a, None), "catch_all", False) for a in ("endpoint", "original_router"))
+
+
+def allowed_methods(request: Request) -> list[str]:
     """Every method some route of the app takes at this request's path (Starlette's 405 names only the methods of
     the first route whose path matched: ``PATCH /v1/indexes/x`` said ``Allow: GET``, though DELETE is there too).
-    Asked of the routes as the router asks them (included routers too); mounts take any method, so not them."""
-    routes = [r for r in request.app.router.routes if not isinstance(r, Mount)]
+    Asked of the routes as the router asks them (included routers too); mounts take any method, so not them, nor a
+    catch-all (a route or included router marked ``catch_all``: the console's 404 page takes any path under /ui)."""
+    routes = [r for r in request.app.router.routes if not isinstance(r, Mount) and not _catch_all(r)]
     return [m for m in _METHODS if any(r.matches({**request.scope, "method": m})[0] == Match.FULL for r in routes)]
 
 
@@ -120,10 +125,12 @@ def _http_handler(request: Request, exc: StarletteHTTPException) -> FastJSONResp
     kind = {404: "NotFound", 405: "MethodNotAllowed"}.get(exc.status_code, "HTTPError")
     message = exc.detail if isinstance(exc.detail, str) else str(exc.detail)
     if exc.status_code == 404 and message == "Not Found":
-        docs = request.scope.get("root_path", "").rstrip("/") + "/docs"  # behind a proxy's prefix: under it
+        # behind a proxy's prefix: under it; inside a mount (/ui/static) its root_path has the mount's path too
+        scope = request.scope
+        docs = scope.get("app_root_path", scope.get("root_path", "")).rstrip("/") + "/docs"
         message = f"no route {request.method} {request.url.path}; see {docs}"
     headers = dict(getattr(exc, "headers", None) or {})
-    if exc.status_code == 405 and (allowed := _allowed_methods(request)):
+    if exc.status_code == 405 and (allowed := allowed_methods(request)):
         headers["Allow"] = ", ".join(allowed)  # RFC 9110: every method the resource supports
     return FastJSONResponse(_body(kind, exc.status_code, message), status_code=exc.status_code,
                             headers=headers or None)

@@ -14,10 +14,12 @@ from pathlib import Path
 import align
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.openapi.docs import get_swagger_ui_html
-from fastapi.responses import HTMLResponse, RedirectResponse
+from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
+from starlette.exceptions import HTTPException
 
+from ..api.errors import allowed_methods
 from ..config import Settings, app_settings
 from ..reports import REPORT_CSS
 
@@ -113,6 +115,31 @@ async def ui_not_found(request: Request, rest: str) -> HTMLResponse | RedirectRe
                    path=_root(request) + "/ui/" + rest)
 
 
+@fallback.api_route("/ui/{rest:path}", methods=["DELETE", "OPTIONS", "PATCH", "POST", "PUT"], response_model=None)
+async def ui_other_method(request: Request, rest: str) -> HTMLResponse | RedirectResponse:
+    """Another method than GET / HEAD at a /ui address: a 405 (``Allow: GET, HEAD``) where the address is a page,
+    else what GET answers there (the 404 page). It was a 405 for any address, one that names nothing too: the GET
+    route above matched its path."""
+    if allowed_methods(request):
+        raise HTTPException(status_code=405)
+    return await ui_not_found(request, rest)
+
+
+# routes of no address in particular: allowed_methods (a 405's Allow) leaves them out
+fallback.catch_all = ui_not_found.catch_all = ui_other_method.catch_all = True
+
+
+class _Static(StaticFiles):
+    """The console's assets; another method than GET / HEAD answers what GET does for a file that is not there (the
+    404), and 405 for one that is: it was a 405 for any path."""
+
+    async def get_response(self, path: str, scope) -> Response:
+        if scope["method"] not in ("GET", "HEAD"):
+            await super().get_response(path, {**scope, "method": "HEAD"})  # raises GET's 404
+            raise HTTPException(status_code=405, headers={"Allow": "GET, HEAD"})
+        return await super().get_response(path, scope)
+
+
 @router.get("/docs")
 async def swagger_ui(request: Request) -> HTMLResponse:
     root = _root(request)  # behind a proxy's prefix, the document and the assets are under it too
@@ -130,5 +157,5 @@ def mount_console(app: FastAPI) -> None:
     from ..api.routing import with_head  # HEAD of every page, as of every API route
 
     app.include_router(with_head(router))
-    app.mount("/ui/static", StaticFiles(directory=str(STATIC_DIR)), name="ui-static")
+    app.mount("/ui/static", _Static(directory=str(STATIC_DIR)), name="ui-static")
     app.include_router(with_head(fallback))

@@ -10,6 +10,7 @@ import tomllib
 from fnmatch import fnmatch
 from pathlib import Path
 
+import httpx
 import pytest
 from fastapi.testclient import TestClient
 
@@ -18,6 +19,7 @@ from service.ops.maps import run_fit
 from service.ui import STATIC_DIR
 from service.ui.pages import PAGES
 from _api_support import R, W, planted, settings_for
+from _servers import serve_in_thread
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -117,6 +119,34 @@ def test_an_unknown_console_address_gets_the_consoles_404_page(world):
         r = c.get(f"/ui{path}/", follow_redirects=False)
         assert r.status_code == 307 and r.headers["location"] == f"/ui{path}", path
     assert c.get("/ui/registry/x").status_code == 404
+
+
+def test_any_method_at_an_unknown_console_address_gets_what_get_gets(tmp_path):
+    """POST / PUT / DELETE / PATCH / OPTIONS of /ui/<a typo> answered 405 (Allow: GET, HEAD), as if the address
+    were a page, where GET answers the console's 404 page; /ui/static/<missing> likewise answered 405 where GET
+    answers the API's JSON 404. Now the same 404 (page or JSON) for every method, over a real server; a page, the
+    /ui/ redirect and an asset that exists still answer 405 naming GET and HEAD only, and HEAD is unchanged."""
+    with serve_in_thread(create_app(settings_for(tmp_path))) as base, httpx.Client(base_url=base) as c:
+        for path in ("/ui/registy", "/ui/jobs/extra", "/ui/static/nope.js"):
+            want = c.get(path)
+            assert want.status_code == 404, path
+            for method in ("POST", "PUT", "DELETE", "PATCH", "OPTIONS"):
+                r = c.request(method, path, json={"x": 1})
+                assert r.status_code == 404, (method, path, r.status_code, r.text[:200])
+                assert r.headers["content-type"] == want.headers["content-type"], (method, path)
+                if path.startswith("/ui/static/"):
+                    assert r.json()["error"]["message"] == f"no route {method} {path}; see /docs"
+                else:
+                    assert r.text == want.text and _csp(r) == _csp(want) and "allow" not in r.headers
+            head = c.head(path)
+            assert head.status_code == 404 and head.content == b"", path
+        for path in [*(f"/ui{p}" for p, _, _ in PAGES), "/ui/", "/ui", "/ui/static/console.js", "/docs"]:
+            for method in ("POST", "PUT", "DELETE"):
+                r = c.request(method, path)
+                assert r.status_code == 405 and r.headers["allow"] == "GET, HEAD", (method, path, r.headers)
+            assert c.head(path).status_code in (200, 307), path
+        r = c.post("/ui/registry/", follow_redirects=False)  # a page's address with a trailing slash: to the page
+        assert r.status_code == 307 and r.headers["location"] == "/ui/registry"
 
 
 def test_ui_says_when_auth_is_off(tmp_path):
