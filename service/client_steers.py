@@ -39,6 +39,12 @@ class SteerCalls:
         return (yield from self._json("GET", f"/v1/steers/{_seg(ref)}"))
 
     @call
+    def list_steer_versions(self, name: str, *, include_deleted: bool = True) -> list[dict]:
+        """Every version of steer ``name`` (as :meth:`get_steer` shows one: ``aliases``, ``metrics.reliable``...),
+        oldest first, as ``list_versions`` for a map."""
+        return (yield from self._pages(f"/v1/steers/{_seg(name)}/versions", {"include_deleted": include_deleted}))
+
+    @call
     def fit_steer(self, name: str, space: str, labels: Sequence[int], vectors=None, *,
                   texts: Sequence[str] | None = None, items: Sequence[str] | None = None, encoder: str | None = None,
                   params: dict | None = None, random_state: int = 0, alias: str | None = None,

@@ -38,7 +38,7 @@ __all__ = [
     "IndexAddResponse",
     "IndexDeleteResponse", "JobOut", "JobList", "ModelList", "EmbeddingsResponse",
     "SteerFitRequest", "SteerFitOptions", "SteerApplyRequest", "SteerApplyOptions", "SteerApplyResponse", "SteerOut",
-    "SteerDeleted", "SteerList", "SteerLens", "SteerTransferRequest",
+    "SteerDeleted", "SteerList", "SteerLens", "SteerTransferRequest", "SteerVersionList",
 ]
 
 
@@ -588,6 +588,10 @@ class SteerApplyResponse(BaseModel):
 
 
 SteerOut = record_model("SteerOut", SteerInfo)
+
+
+class SteerVersionList(_Page):
+    data: list[SteerOut]
 
 
 class SteerDeleted(SteerOut):

@@ -94,8 +94,10 @@ class SteerRegistryMixin:
         (cached)."""
         return self.entities["steers"].load(self.resolve_steer(ref) if isinstance(ref, str) else ref)
 
-    def list_steer_versions(self, name: str) -> list[SteerInfo]:
-        return self.entities["steers"].list(name)
+    def list_steer_versions(self, name: str, include_deleted: bool = True) -> list[SteerInfo]:
+        """Every version of steer ``name``, oldest first, each with its aliases (NotFoundError for an unknown name),
+        as :meth:`~.core.Registry.list_versions` for a map."""
+        return self.entities["steers"].list(name, include_deleted)
 
     def list_steers(self, *, after: str | None = None, limit: int | None = None,
                     name: str | None = None) -> list[dict]:

@@ -407,6 +407,42 @@ def test_a_steer_alias_is_read_and_removed(vb, client_kind):
 
 
 @both_clients
+def test_a_steers_versions_are_listed_with_their_verdicts_and_aliases(vb, server, client_kind):
+    """Maps have GET /v1/maps/{name}/versions; a steer's versions could only be read one at a time (GET
+    /v1/steers/NAME:N, a 404 for a deleted one), so no client could see which were flagged unreliable, deleted or held
+    by an alias. Now GET /v1/steers/{name}/versions: each version as the detail route shows it (aliases, verdict),
+    paged and filtered as the maps route, 404 naming an unknown steer; ``Client.list_steer_versions``."""
+    rng = np.random.default_rng(0)
+    V = rng.standard_normal((3000, 16)).astype(np.float32)
+    name = f"vers-{client_kind}"  # local steers: v1 separates its labels, v2 (random labels) does not, v3 does
+    for labels in (np.where(V[:, 0] > 0, 1, -1), rng.choice([-1, 1], len(V)), np.where(V[:, 1] > 0, 1, -1)):
+        assert vb.wait(vb.fit_steer(name, "b", labels, V)["id"], timeout=120)["state"] == "succeeded"
+    vb.set_steer_alias(name, "prod", 1)
+    vb.set_steer_alias(name, "canary", 2)
+    live = {v: vb.get_steer(f"{name}:{v}") for v in (1, 2)}
+    vb.delete_steer_version(name, 3)
+    got = vb.list_steer_versions(name)  # page_size=2: two pages
+    assert [v["version"] for v in got] == [1, 2, 3] and [v["deleted"] for v in got] == [False, False, True]
+    assert got[0] == live[1] and got[1] == live[2]  # the detail route's record, verdict and aliases included
+    assert [v["aliases"] for v in got] == [["prod"], ["canary"], []]
+    assert [v["metrics"]["reliable"] for v in got] == [True, False, True]
+    assert "does not separate its labels" in got[1]["metrics"]["unreliable_reason"]
+    assert got[0]["metrics"]["heldout_loss_ratio"] < 0.8 < got[1]["metrics"]["heldout_loss_ratio"]
+    assert [v["version"] for v in vb.list_steer_versions(name, include_deleted=False)] == [1, 2]
+    with pytest.raises(NotFoundError, match="nope-steer"):
+        vb.list_steer_versions("nope-steer")
+    with httpx.Client(base_url=server[0], headers={"Authorization": f"Bearer {RKEY}"}) as c:
+        first = c.get(f"/v1/steers/{name}/versions", params={"limit": 2})
+        assert first.status_code == 200 and [v["version"] for v in first.json()["data"]] == [1, 2]
+        rest = c.get(f"/v1/steers/{name}/versions", params={"limit": 2, "cursor": first.json()["next"]}).json()
+        assert [v["version"] for v in rest["data"]] == [3] and rest["next"] is None
+        for kind, unknown in (("steers", "nope-steer"), ("maps", "nope-map")):  # the same 404 as the maps route
+            r = c.get(f"/v1/{kind}/{unknown}/versions")
+            assert r.status_code == 404 and unknown in r.json()["error"]["message"], r.text
+            assert r.json()["error"]["type"] == "NotFoundError" and r.json()["error"]["status"] == 404
+
+
+@both_clients
 def test_one_string_is_one_text_not_one_per_character(vb):
     """``embed("hello", model)`` sent ``list("hello")``: five one-character texts, five embeddings returned without a
     word (the service takes one string as one text, as OpenAI's API does). One string is one text now, for every

@@ -19,12 +19,12 @@ from ..deps import JSONOnly, ReadScope, SettingsDep, StateDep, VersionPath, Writ
 from ..job_routes import job_route
 from ..name_types import AliasPath, NamePath, RefPath
 from ..openapi import examples, json_body
-from ..pagination import list_route
+from ..pagination import Page, list_route, paginate
 from ..responses import FastJSONResponse
 from ..routing import CodecRoute
 from ..schemas import (AliasOut, AliasSet, SteerApplyOptions, SteerApplyRequest, SteerApplyResponse, SteerDeleted,
                        SteerFitOptions, SteerFitRequest, SteerList, SteerLens, SteerOut, SteerTransferRequest,
-                       error_responses)
+                       SteerVersionList, error_responses)
 
 __all__ = ["router"]
 
@@ -79,6 +79,17 @@ def create_steer(body: bytes, request, state, settings):
 
 list_route(router, "/steers", name="list_steers", summary="List steers", response_model=SteerList,
            load_page=lambda state, after, limit: state.registry.list_steers(after=after, limit=limit))
+
+
+@router.get("/steers/{name}/versions", dependencies=[ReadScope], summary="List a steer's versions",
+            response_model=SteerVersionList)
+async def list_steer_versions(name: NamePath, state: StateDep, page: Page, include_deleted: bool = True):
+    """Every version, oldest first, paged as `/v1/maps/{name}/versions`: each as `GET /v1/steers/NAME:N` shows it,
+    its `aliases` and its verdict (`metrics.reliable`, `metrics.unreliable_reason`, `metrics.heldout_loss_ratio`;
+    none for a method with no held-out check). `include_deleted=false` leaves deleted versions out; 404 for an
+    unknown name."""
+    vs = await run_in_threadpool(state.registry.list_steer_versions, name, include_deleted)
+    return FastJSONResponse(paginate([v.to_dict() for v in vs], lambda d: d["version"], page))
 
 
 @router.get("/steers/{ref}", dependencies=[ReadScope], summary="Get a steer version (name, name@alias, name:N)",

@@ -101,6 +101,8 @@ def test_success_bodies_match_their_schema(world):
     assert_job_succeeds(s, jid)
     call(s, "get", "/v1/steers", expect=200)
     call(s, "get", "/v1/steers/{ref}", expect=200, path_parameters={"ref": "st:1"})
+    call(s, "get", "/v1/steers/{name}/versions", expect=200, path_parameters={"name": "st"})
+    call(s, "get", "/v1/steers/{name}/versions", expect=404, path_parameters={"name": "nope"})
     call(s, "post", "/v1/steers/{ref}/apply", expect=200, path_parameters={"ref": "st"},
          body={"vectors": Y[:2].tolist(), "eps": 0.5})
     call(s, "get", "/v1/steers/{ref}/lens", expect=200, path_parameters={"ref": "st"}, query={"k": 2})
