@@ -619,6 +619,12 @@ class SteerSummary(BaseModel):
     n_versions: int
     n_live_versions: int
     created_at: str
+    unreliable_versions: list[int] = Field(default_factory=list, description=(
+        "Live versions whose fit flagged them unreliable (metrics.reliable false): a bare name never resolves to "
+        "one unless `prod` points at it; `NAME:N` or another alias reaches it."))
+    bare_version: int | None = Field(None, description=(
+        "The version a bare NAME applies: its live `prod` version, else its newest live version not flagged "
+        "unreliable; null when none (no live version, or only flagged ones: a bare NAME is then a 404)."))
 
 
 class SteerList(_Page):

@@ -17,6 +17,7 @@ from .entity import now, package_version
 from .errors import InvalidNameError, NoReliableVersionError
 from .models import SteerInfo
 from .names import check_alias, check_name, check_seed, check_text, parse_ref
+from .paths import path_choice
 
 __all__ = ["SteerRegistryMixin"]
 
@@ -101,11 +102,25 @@ class SteerRegistryMixin:
 
     def list_steers(self, *, after: str | None = None, limit: int | None = None,
                     name: str | None = None) -> list[dict]:
-        """One dict per steer name: space, dim, latest live version, ``aliases`` {alias: version}, counts; in name
-        order, only the names after ``after``, the first ``limit``, or only ``name``
-        (:meth:`~.entity.VersionedStore.summaries`)."""
+        """One dict per steer name: space, dim, latest live version, ``aliases`` {alias: version}, counts,
+        ``unreliable_versions`` (live, flagged) and ``bare_version``: what a bare name resolves to
+        (:meth:`resolve_steer`: the live ``prod`` version, else the newest live one not flagged; None: none, as
+        ``path_version`` for a map). In name order, only the names after ``after``, the first ``limit``, or only
+        ``name`` (:meth:`~.entity.VersionedStore.summaries`)."""
+        st = self.entities["steers"]
         with self.db.tx() as t:
-            return self.entities["steers"].summaries(t, after=after, limit=limit, name=name)
+            out = st.summaries(t, after=after, limit=limit, name=name)
+            live: dict[str, list] = {}
+            for r in st.among(t, [s["name"] for s in out], f"SELECT name, version, metrics FROM {st.kind.table} "
+                              "WHERE deleted = 0 AND {} ORDER BY name, version"):
+                live.setdefault(r["name"], []).append(r)
+        for s in out:  # resolve_steer's rule on the same rows (paths.path_choice, as a map's path_version)
+            ok = {int(r["version"]): json.loads(r["metrics"] or "{}").get("reliable") is not False
+                  for r in live.get(s["name"], [])}
+            s["unreliable_versions"] = [v for v, good in ok.items() if not good]
+            bare = path_choice(s["aliases"].get(self.path_alias), sorted(ok, reverse=True), int, ok.__getitem__)
+            s["bare_version"] = None if bare is None else bare[0]
+        return out
 
     def set_steer_alias(self, name: str, alias: str, version: int, *, expected=None) -> SteerInfo:
         """Point ``name@alias`` at ``version`` (moves an existing alias). Deleted version: ConflictError.

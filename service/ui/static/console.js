@@ -583,13 +583,32 @@ function steerPage() {
     async load() {
       const [s, i] = await Promise.all([VB.api("/v1/steers"), VB.api("/v1/indexes")]);
       this.steers = s.data; this.indexes = i.data;
-      if (!this.steer && this.steers.length) this.steer = this.steers[0].name;
+      if (!this.current()) this.steer = this.steers.map(x => this.steerRef(x)).find(ref => ref) || "";
       this.pickIndex();
     },
-    current() { return this.steers.find(s => s.name === this.steer) || null; },
+    current() { return this.steers.find(s => this.steerRef(s) && this.steerRef(s) === this.steer) || null; },
+    /* The ref the picker applies for the steer `s` (a /v1/steers summary): its bare name when that resolves
+       (`bare_version`), else name@alias of an alias on a live version (its live versions all flagged unreliable,
+       only an alias reaches one); "" when nothing can be applied (no live version, or flagged ones no alias
+       holds). Such a steer was offered like any other, and the search or generation then failed (a 404). */
+    steerRef(s) {
+      if (s.bare_version !== null) return s.name;
+      const gone = new Set(s.aliases_on_deleted || []);
+      const held = Object.keys(s.aliases || {}).filter(a => !gone.has(a)).sort();
+      return held.length ? `${s.name}@${held[0]}` : "";
+    },
+    steerUnusable(s) { return !this.steerRef(s); },
+    noneUsable() { return this.steers.length > 0 && this.steers.every(s => !this.steerRef(s)); },
     isLM() { const s = this.current(); return !!s && String(s.space || "").startsWith("lm."); },
     isSearchSteer() { return !this.isLM(); },
-    steerOption(s) { return `${s.name} (${s.space})`; },
+    steerOption(s) {
+      const ref = this.steerRef(s);
+      if (ref === s.name) return `${s.name} (${s.space})`;
+      if (ref) return `${ref} (${s.space}; by its alias: every live version is flagged unreliable)`;
+      const flagged = (s.unreliable_versions || []).map(v => `${s.name}:${v}`).join(", ");
+      return `${s.name} (${s.space}): cannot be applied, ` + (s.n_live_versions
+        ? `every live version is flagged unreliable (${flagged}) and no alias holds one` : "no live version");
+    },
     submit() { return this.isLM() ? this.generate() : this.run(); },
     submitText() {
       if (this.busy) return this.isLM() ? "Generating…" : "Searching…";
@@ -623,6 +642,7 @@ function steerPage() {
     async run() {
       const ctl = this.supersede();
       this.steerMsg = ""; this.busy = false;  // a run given up above ends here, not in its own finally
+      if (!this.current()) { this.clearResults(); this.steerMsg = "pick a steer that can be applied"; return; }
       if (!this.index) { this.clearResults(); this.steerMsg = "no index lives in this steer's space"; return; }
       if (!this.query.trim()) { this.clearResults(); this.steerMsg = "type a query first"; return; }
       const ask = { ...this.question(), eps: Number(this.eps) };
@@ -651,6 +671,7 @@ function steerPage() {
     async runSweep() {
       const ctl = this.supersede();
       this.steerMsg = ""; this.busy = false;
+      if (!this.current()) { this.steerMsg = "pick a steer that can be applied"; return; }
       if (!this.index || !this.query.trim()) { this.steerMsg = "pick an index and type a query first"; return; }
       const grid = [-2, -1, -0.5, 0, 0.5, 1, 2], ask = this.question();
       this.busy = true;

@@ -753,3 +753,46 @@ def test_a_running_job_keeps_its_row_behind_more_live_jobs_than_a_poll_reads(bro
         t.page.locator("tr[data-job='0100" + "0" * 28 + "']").wait_for()  # the newest queued: the newest page's
         app.state.vb.jobs.cancel(old.id)
         t.close()
+
+
+def test_the_steer_picker_offers_only_steers_that_can_be_applied(browser, tmp_path):
+    """The steer page offered every steer by its bare name: one whose live versions are all flagged unreliable, or
+    whose versions are all deleted, was picked like any other and the search then failed (a 404). Now such a steer
+    is shown disabled with the reason; one whose flagged version an alias holds is offered by that alias; the page
+    starts on a steer that can be applied. Real fits: random labels make a local steer flagged."""
+    from service.api import create_app
+
+    rng = np.random.default_rng(0)
+    V = rng.standard_normal((3000, 16)).astype(np.float32)
+    good, noise = np.where(V[:, 0] > 0, 1, -1), rng.choice([-1, 1], len(V))
+    with serve_in_thread(create_app(settings_for(tmp_path))) as base, httpx.Client(base_url=base, timeout=60.0) as c:
+        for name, labels in (("a-flagged", noise), ("b-good", good), ("c-pinned", noise), ("d-gone", good)):
+            r = c.post("/v1/steers", headers=W, json={"name": name, "space": "b", "labels": labels.tolist(),
+                                                       **_b64(V)})
+            assert r.status_code == 202 and _wait_job(c, r.json()["id"])["state"] == "succeeded", r.text
+        assert c.put("/v1/steers/c-pinned/aliases/canary", headers=W, json={"version": 1}).status_code == 200
+        assert c.delete("/v1/steers/d-gone/versions/1", headers=W).status_code == 200
+        listed = {s["name"]: s for s in c.get("/v1/steers", headers=W).json()["data"]}
+        assert {n: (s["bare_version"], s["unreliable_versions"]) for n, s in listed.items()} == {
+            "a-flagged": (None, [1]), "b-good": (1, []), "c-pinned": (None, [1]), "d-gone": (None, [])}
+        t = Page.open(browser, base, "/ui/steer", READ_KEY)
+        picker = t.page.get_by_label("steer", exact=True)
+        t.page.locator("#st-steer option").nth(3).wait_for(state="attached")
+        options = t.page.locator("#st-steer option")
+        shown = [(options.nth(i).get_attribute("value"), options.nth(i).is_disabled(), options.nth(i).inner_text())
+                 for i in range(options.count())]
+        assert [(v, off) for v, off, _ in shown] == [("", True), ("b-good", False), ("c-pinned@canary", False),
+                                                      ("", True)], shown
+        assert "every live version is flagged unreliable (a-flagged:1) and no alias holds one" in shown[0][2]
+        assert "by its alias" in shown[2][2] and "no live version" in shown[3][2]
+        assert picker.input_value() == "b-good"  # the first that can be applied, not the first listed
+        for value, off, _ in shown:  # what the page offers is what the API applies; what it disables, it refuses
+            if not off:
+                r = c.post(f"/v1/steers/{value}/apply", headers=W, json={"vectors": V[:2].tolist()})
+                assert r.status_code == 200, (value, r.text)
+        for name in ("a-flagged", "d-gone"):
+            assert c.post(f"/v1/steers/{name}/apply", headers=W, json={"vectors": V[:2].tolist()}).status_code == 404
+        picker.select_option("c-pinned@canary")
+        assert picker.input_value() == "c-pinned@canary"
+        assert not t.page.locator("#steer-none-usable").is_visible()
+        t.close()
