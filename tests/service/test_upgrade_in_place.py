@@ -109,6 +109,11 @@ def test_every_read_answers_what_the_previous_release_answered(old_data):
     assert all(r.pop("generation") >= 1 and r.pop("logged_deltas") == 0 for r in new)
     # and map / steer summaries: the aliases left on a deleted version (none in the old data)
     assert all(r.pop("aliases_on_deleted") == [] for r in [*got["maps"], *got["steers"]])
+    # and steer summaries: the flagged versions (none in the old data) and what a bare name applies (prod, else
+    # the newest)
+    assert all(r.pop("unreliable_versions") == [] for r in got["steers"])
+    assert [r.pop("bare_version") for r in got["steers"]] == [r["aliases"].get("prod", r["latest_version"])
+                                                              for r in got["steers"]]
     # and version records: when `registry gc` removed a deleted one's files (none has run: its deleted version is whole)
     assert all(v.pop("collected_at") is None for vs in got["versions"].values() for v in vs)
     # so did job records: the running stage's clock, none for a finished job
