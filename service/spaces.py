@@ -24,6 +24,7 @@ rows.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 
@@ -35,8 +36,10 @@ from align.frames import (
     MEAN_CHECK_MIN_ROWS,
     SAME_SPACE_MIN_COSINE,
     Frame,
+    mean_sum,
     unit_rows,
 )
+from align.validation import as_matrix
 
 __all__ = [
     "MISMATCH_MARGIN",
@@ -98,9 +101,28 @@ class Verdict:
         return self.own is not None and self.own >= SAME_SPACE_MIN_COSINE
 
 
-def _cosine(frames: Sequence[Frame], V: np.ndarray, name: str) -> float | None:
-    got = [c for f in frames if f.dim == V.shape[1] and (c := f.mean_cosine(V, name=name)) is not None]
-    return max(got, default=None)
+class _Rows:
+    """Rows ``V`` (n, d) and their :func:`~align.frames.mean_sum` (one per ``unit_in``), made once for every frame
+    that judges them (a check against its own and another space's frames summed the rows again for each frame).
+    ``finite``: refuse NaN / Inf as :meth:`~align.frames.Frame.mean_cosine` does (False: the caller dropped them)."""
+
+    __slots__ = ("V", "_sums")
+
+    def __init__(self, V, name: str, *, finite: bool = True):
+        self.V = as_matrix(V, name=name, finite=finite) if len(V) else np.asarray(V)
+        self._sums: dict[bool, tuple[np.ndarray, int]] = {}
+
+    def cosine(self, frame: Frame) -> float | None:
+        """:meth:`~align.frames.Frame.mean_cosine` of the rows; None also for a frame of another width."""
+        if frame.dim != self.V.shape[1] or frame.mean is None:
+            return None
+        if (unit := frame.unit_in) not in self._sums:
+            self._sums[unit] = mean_sum(self.V, unit_in=unit)
+        return frame.sum_cosine(*self._sums[unit])
+
+
+def _cosine(frames: Sequence[Frame], rows: _Rows) -> float | None:
+    return max((c for f in frames if (c := rows.cosine(f)) is not None), default=None)
 
 
 def shares_direction(V: np.ndarray) -> bool:
@@ -127,11 +149,12 @@ def judge_rows(V: np.ndarray, own: Sequence[Frame], others: Sequence[Reference],
     least :data:`MISMATCH_MIN_COSINE` and :data:`MISMATCH_MARGIN` more than ``own``, for rows that share a direction
     (:func:`shares_direction`), is the mismatch; else nothing decided (a narrow topic, a related model, chance, a
     model none of them knows). ``own`` None (no reference, too few rows, no common direction): nothing decided."""
-    c_own = _cosine(own, V, name) if len(V) else None
+    rows = V if isinstance(V, _Rows) else _Rows(V, name)
+    V = rows.V
+    c_own = _cosine(own, rows) if len(V) else None
     if c_own is None or c_own >= SAME_SPACE_MIN_COSINE:
         return Verdict(c_own)
-    seen = [(r, c) for r in others if r.frame.dim == V.shape[1]
-            and (c := r.frame.mean_cosine(V, name=name)) is not None]
+    seen = [(r, c) for r in others if (c := rows.cosine(r.frame)) is not None]
     best = max(seen, key=lambda rc: rc[1], default=None)
     if (best is not None and best[1] >= max(MISMATCH_MIN_COSINE, c_own + MISMATCH_MARGIN)
             and shares_direction(V)):
@@ -139,10 +162,9 @@ def judge_rows(V: np.ndarray, own: Sequence[Frame], others: Sequence[Reference],
     return Verdict(c_own, seen=seen)
 
 
-def _recognised(V: np.ndarray, others: Sequence[Reference], name: str) -> bool:
+def _recognised(rows: _Rows, others: Sequence[Reference]) -> bool:
     """Whether any of ``others`` could refuse the rows (:data:`MISMATCH_MIN_COSINE` or more)."""
-    return any(r.frame.dim == V.shape[1] and (c := r.frame.mean_cosine(V, name=name)) is not None
-               and c >= MISMATCH_MIN_COSINE for r in others)
+    return any((c := rows.cosine(r.frame)) is not None and c >= MISMATCH_MIN_COSINE for r in others)
 
 
 def _usable(frame: Frame) -> bool:
@@ -151,7 +173,8 @@ def _usable(frame: Frame) -> bool:
     ~0.1 by chance, and told synthetic rows apart by it; ``n_fit`` 0: an artifact that does not record it)."""
     if frame.mean is None:
         return False
-    norm = float(np.linalg.norm(frame.mean))
+    mu = frame.mean.astype(np.float64)
+    norm = math.sqrt(mu @ mu)
     return norm >= MEAN_CHECK_MIN_NORM and (frame.n_fit == 0 or norm >= 3.0 / np.sqrt(frame.n_fit))
 
 
@@ -227,18 +250,19 @@ def check_rows(V, space: str, references: dict[str, list[Reference]] | Callable[
     V = np.asarray(V)[:SPACE_SAMPLE_ROWS]
     if V.ndim != 2 or V.shape[0] < MEAN_CHECK_MIN_ROWS:
         return RowsCheck("unknown", f"unchecked: fewer than {MEAN_CHECK_MIN_ROWS} rows to tell their space by")
-    V = np.asarray(V[np.isfinite(V).all(axis=1)], np.float32)  # NaN rows are refused by name where they are read
+    finite = np.isfinite(V).all(axis=1)  # NaN rows are refused by name where they are read
+    rows = _Rows(V if finite.all() else V[finite], name, finite=False)  # no copy of rows all finite
     refs = references() if callable(references) else references
     own = [r.frame for r in refs.get(space, []) if _usable(r.frame)]
     encoder = next((r.encoder for r in refs.get(space, []) if r.encoder), None)
     others = [r for s, rs in sorted(refs.items()) if s != space for r in rs
               if _usable(r.frame) and not (encoder and r.encoder == encoder)]
-    verdict = judge_rows(V, own, others, name=name)
-    if own_extra is not None and (verdict.other is not None or verdict.own is None and _recognised(V, others, name)):
+    verdict = judge_rows(rows, own, others, name=name)
+    if own_extra is not None and (verdict.other is not None or verdict.own is None and _recognised(rows, others)):
         extra = own_extra()  # only where a refusal is in question: a search of 64 queries does not pay for it
         if extra is not None:
             own = [*own, extra]
-            verdict = judge_rows(V, own, others, name=name)
+            verdict = judge_rows(rows, own, others, name=name)
     if verdict.checked:
         return RowsCheck("checked", f"checked by rows: mean direction cosine {verdict.own:.2f} with space "
                                     f"{space!r}'s reference")

@@ -19,6 +19,8 @@ from align.frames import (
     MEAN_CHECK_MIN_ROWS,
     SAME_SPACE_MIN_COSINE,
     Frame,
+    frame_sum,
+    mean_sum,
 )
 from align.kmeans import kmeans
 
@@ -68,6 +70,40 @@ def test_row_scale_and_zero_rows_change_nothing_and_too_little_evidence_is_none(
     assert Frame.fit(X, center=False).mean_cosine(X) is None  # no mean to compare with
     iso = align.frames.unit_rows(rng.normal(size=(5000, 64)).astype(np.float32))  # |mean| ~ 1/sqrt(5000)
     assert np.linalg.norm(Frame.fit(iso).mean) < MEAN_CHECK_MIN_NORM and Frame.fit(iso).mean_cosine(X) is None
+
+
+@settings(max_examples=30)
+@given(seed=st.integers(0, 2**32 - 1), d=st.integers(2, 400), n=st.integers(1, 300),
+       odd=st.sampled_from(["none", "zero", "tiny", "huge", "float64"]))
+def test_mean_sum_is_the_sum_of_unit_rows_and_their_count_at_any_scale(seed, d, n, odd):
+    """``mean_sum`` (one GEMV for rows in float32's safe range, the unit-row copy otherwise) gives what the
+    frame's cosine averages, so one sum serves every frame that judges a block (the transform route's check)."""
+    rng = np.random.default_rng(seed)
+    X = _anisotropic(rng, n, d) * rng.uniform(0.01, 100, size=(n, 1)).astype(np.float32)
+    if odd != "none":
+        i = int(rng.integers(n))
+        X[i] = {"zero": 0.0, "tiny": X[i] * 1e-25, "huge": X[i] * 1e20}.get(odd, X[i])
+    if odd == "float64":
+        X = X.astype(np.float64)
+    m, count = mean_sum(X)
+    want = frame_sum(X)
+    assert m.dtype == np.float64 and m.shape == (d,)
+    assert np.allclose(m, want, rtol=1e-5, atol=1e-5 * np.sqrt(n))
+    assert count == int(np.count_nonzero(np.any(X != 0, axis=1)))
+    assert np.allclose(mean_sum(X, unit_in=False)[0], frame_sum(X, unit_in=False), rtol=1e-6)
+
+
+def test_one_sum_gives_each_frame_its_mean_cosine():
+    rng = np.random.default_rng(3)
+    X = _anisotropic(rng, 300, 48)
+    frames = [Frame.fit(X[100:]), Frame.fit(_anisotropic(rng, 300, 48)), Frame.fit(X, unit_in=False),
+              Frame.fit(X, center=False)]
+    for f in frames:
+        got = f.sum_cosine(*mean_sum(X[:100], unit_in=f.unit_in))
+        want = f.mean_cosine(X[:100])
+        assert got == want if want is None else got == pytest.approx(want, abs=1e-6)
+    assert frames[0].sum_cosine(*mean_sum(X[:MEAN_CHECK_MIN_ROWS - 1])) is None  # too few rows
+    assert frames[0].sum_cosine(np.zeros(48), 100) == 0.0  # rows that cancel out: no direction
 
 
 def test_bad_rows_are_refused_by_type():
