@@ -5,9 +5,10 @@ steers and the compositions along a path of maps are cached by the registry itse
 artifact sha256: immutable, never stale; see :meth:`~service.registry.Registry.compose`), with
 room for :data:`MAP_CACHE_SIZE` of them holding at most ``Settings.map_cache_mb`` of arrays. What references resolve to
 (``name``, ``name@alias``, a space's path of maps, a space) is cached too, stamped with the
-registry's :meth:`~service.registry.Registry.generation`, which every registry write bumps: a
-request checks that one counter instead of repeating the lookups, and an alias move or a new
-version through any worker or replica shows up at the next request.
+registry's :meth:`~service.registry.Registry.generation`, which every registry write bumps, and the random id
+the write stored with it: a request checks that one pair instead of repeating the lookups, and an alias move or a
+new version through any worker or replica shows up at the next request — also after the registry was rolled back
+(a restored dump, a standby that was behind), where the counter alone comes back to a value it had (QA 4801).
 """
 
 from __future__ import annotations
@@ -143,8 +144,8 @@ class AppState:
                                waiting=settings.compute_max_waiting)
         self.preload = EncoderPreload(settings.preload_encoders,  # names checked by Settings
                                       on_status=self.metrics.encoder_status)
-        self._resolved: dict[tuple, tuple[int, object]] = {}  # key -> (registry generation, value)
-        self._seen: tuple[int, int] | None = None  # (registry change token, generation) last read together
+        self._resolved: dict[tuple, tuple[tuple, object]] = {}  # key -> ((registry generation, its id), value)
+        self._seen: tuple[int, tuple] | None = None  # (registry change token, (generation, id)) last read together
         self._loads: dict[str, asyncio.Future] = {}  # index name -> its load for the requests waiting (after_loads)
         self.vectordb = None if not settings.vectordb_url else SharedStore(
             settings.vectordb_url, api_key=settings.vectordb_api_key, ca_file=settings.vectordb_ca_file)
@@ -240,8 +241,9 @@ class AppState:
     def load_version(self, v: VersionInfo) -> LinearMap | ClusterMap:
         return self.registry.load_map(v)
 
-    def _generation(self) -> int:
-        """The registry's generation; without a query while its change token says nothing was committed since."""
+    def _generation(self) -> tuple[int, str]:
+        """The registry's ``(generation, its random id)``; without a query while its change token says nothing was
+        committed since."""
         token = self.registry.change_token()
         seen = self._seen
         if token is not None and seen is not None and seen[0] == token:
@@ -283,7 +285,7 @@ class AppState:
         info = self.registry.resolve_steer(ref)
         return info, self.registry.load_steer(info)
 
-    def unchanged(self) -> tuple[int, int]:
+    def unchanged(self) -> tuple[int, tuple]:
         """``(change token, generation)`` of the last lookups when the registry's change token still reads the same
         (nothing committed since, by any process), else :class:`~service.indexes.locking.WouldBlock`. One ``stat``
         and one ``pread``: safe on the event loop."""
@@ -293,7 +295,7 @@ class AppState:
             raise WouldBlock("the registry changed since the last lookup")
         return seen
 
-    def memo(self, key: tuple, seen: tuple[int, int] | None = None):
+    def memo(self, key: tuple, seen: tuple[int, tuple] | None = None):
         """What ``key`` resolved to (see :meth:`_current`) when the registry's change token is unchanged since;
         else :class:`~service.indexes.locking.WouldBlock`. No query, no lock wait: safe on the event loop.
         ``seen``: what :meth:`unchanged` answered for this request (read once per request), else read now."""
@@ -303,7 +305,7 @@ class AppState:
             raise WouldBlock(f"{key[0]} not resolved yet")
         return hit[1]
 
-    def resolve_map_cached(self, ref: str, seen: tuple[int, int] | None = None
+    def resolve_map_cached(self, ref: str, seen: tuple[int, tuple] | None = None
                            ) -> tuple[VersionInfo, LinearMap | ClusterMap] | None:
         """:meth:`resolve_map` when it needs no I/O at all — the registry's change token is unchanged since
         ``ref`` was resolved and the artifact is in memory — else None. Safe on the event loop. ``seen``: as
@@ -418,9 +420,9 @@ class InMemory:
 
     def __init__(self, state: AppState) -> None:
         self.state = state
-        self._seen: tuple[int, int] | None = None  # AppState.unchanged(), read at this request's first lookup
+        self._seen: tuple[int, tuple] | None = None  # AppState.unchanged(), read at this request's first lookup
 
-    def _unchanged(self) -> tuple[int, int]:
+    def _unchanged(self) -> tuple[int, tuple]:
         """The registry checked for changes once per request (one ``stat`` and ``pread`` of its file, not one per
         lookup): the request's lookups then all answer from the same generation."""
         if self._seen is None:

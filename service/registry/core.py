@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import math
+import secrets
 import time
 from pathlib import Path
 from typing import Callable
@@ -60,6 +61,9 @@ ARTIFACT_FORMATS = {"npz": "npz", "safetensors": "safetensors"}
 
 _BUMP_GENERATION = ("INSERT INTO vb_meta (key, value) VALUES ('generation', '1') ON CONFLICT (key) DO UPDATE "
                     "SET value = CAST(CAST(vb_meta.value AS BIGINT) + 1 AS TEXT)")
+#: each write's random id next to the counter (never repeated, unlike the counter of a rolled-back registry)
+_NEW_GENERATION_ID = "INSERT INTO vb_meta VALUES ('generation_id', ?) ON CONFLICT (key) DO UPDATE SET value = ?"
+_READ_STAMP = "SELECT key, value FROM vb_meta WHERE key IN ('generation', 'generation_id')"
 
 
 def _hook(point: str) -> None:
@@ -129,6 +133,7 @@ class Registry(SteerRegistryMixin):
                 with self.db.tx(write=True) as t:
                     out = fn(t)
                     t.q(_BUMP_GENERATION)
+                    t.q(_NEW_GENERATION_ID, (secrets.token_hex(8),) * 2)
                     return out
             except Exception as exc:  # noqa: BLE001 - filtered right below
                 if i + 1 < attempts and self.db.is_retryable(exc):
@@ -144,13 +149,14 @@ class Registry(SteerRegistryMixin):
         """
         return self.db.change_counter()
 
-    def generation_token(self) -> tuple[int, int | None]:
-        """``(generation, change token)`` read in one transaction: the token is read while the read lock holds
-        the file still, so it belongs to exactly that generation (never to a commit half written)."""
+    def generation_token(self) -> tuple[tuple[int, str], int | None]:
+        """``((generation, its random id), change token)`` read in one transaction: the token is read while the read
+        lock holds the file still, so it belongs to exactly that generation (never to a commit half written). Caches
+        compare the pair: a rolled-back registry written again repeats the counter (ABA), not the id."""
         with self.db.tx() as t:
-            r = t.one("SELECT value FROM vb_meta WHERE key = 'generation'")
+            meta = {r["key"]: r["value"] for r in t.q(_READ_STAMP)}
             token = self.db.change_counter()
-        return (int(r["value"]) if r else 0), token
+        return (int(meta.get("generation", 0)), meta.get("generation_id", "")), token
 
     def cached_map(self, v: VersionInfo) -> LinearMap | ClusterMap | None:
         """The loaded artifact of version ``v`` when it is in memory, else None (reads nothing)."""
@@ -159,13 +165,11 @@ class Registry(SteerRegistryMixin):
     def generation(self) -> int:
         """A counter every registry write increments (in the same transaction), seen by all processes.
 
-        Readers that cache what they resolved (aliases, versions, paths, spaces) compare it on each
-        use: one primary-key read instead of the lookups it stands for; a write anywhere — another
-        worker, another replica — invalidates their caches at once.
+        Readers that cache what they resolved (aliases, versions, paths, spaces) compare it, with the random id
+        the same write stored (:meth:`generation_token`), on each use: one primary-key read instead of the lookups
+        it stands for; a write anywhere — another worker, another replica — invalidates their caches at once.
         """
-        with self.db.tx() as t:
-            r = t.one("SELECT value FROM vb_meta WHERE key = 'generation'")
-        return int(r["value"]) if r else 0
+        return self.generation_token()[0][0]
 
     # --- spaces -----------------------------------------------------------------------------
     def register_space(self, name: str, dim: int, encoder: str | None = None, query_prefix: str = "",

@@ -846,6 +846,59 @@ def test_generation_moves_with_every_write_and_is_shared(registry_url, tmp_path)
         b.close()
 
 
+def _roll_back_to(reg, snapshot) -> None:
+    """Put the registry back to ``snapshot`` the way an operator restores one, bypassing vecbridge's writes: SQLite's
+    own in-place restore (the backup API from an older copy of the file: ``sqlite3 registry.sqlite ".restore
+    old.sqlite"``); PostgreSQL: the rows of ``vb_meta`` and ``aliases`` as a dump taken then holds (pg_restore)."""
+    if reg.backend == "sqlite":
+        src, dst = sqlite3.connect(snapshot), sqlite3.connect(reg.db.path)
+        try:
+            src.backup(dst)
+        finally:
+            src.close()
+            dst.close()
+        return
+    with reg.db.tx(write=True) as t:
+        for table, rows in snapshot.items():
+            t.q(f"DELETE FROM {table}")
+            for r in rows:
+                t.q(f"INSERT INTO {table} VALUES ({', '.join('?' * len(r))})", tuple(r))
+
+
+def test_a_rolled_back_registry_never_serves_what_was_cached_after_the_snapshot(registry_url, tmp_path):
+    """A registry restored to an older state (pg_restore, point-in-time recovery, failover to a standby that was
+    behind, an older SQLite file restored in place) and written once reaches the generation it had before the
+    restore again, with other contents: replicas that cached under that generation kept answering the moved alias's
+    old target, with no error, until the next write (QA 4801). The stamp a cache compares cannot repeat."""
+    from service.api.state import AppState
+    from service.config import Settings
+
+    a = open_registry(registry_url, tmp_path / "artifacts")
+    b = open_registry(registry_url, tmp_path / "artifacts")
+    try:
+        for seed in range(4):
+            register(a, seed=seed)
+        a.set_alias("a->b", "prod", 4)
+        if a.backend == "sqlite":
+            snapshot = tmp_path / "older.sqlite"
+            snapshot.write_bytes(a.db.path.read_bytes())
+        else:
+            with a.db.tx() as t:
+                snapshot = {table: [tuple(r) for r in t.q(f"SELECT * FROM {table}")] for table in ("vb_meta", "aliases")}
+        state = AppState(Settings(data_dir=tmp_path / "state", demo_on_empty=False))
+        state.registry = b
+        a.set_alias("a->b", "prod", 2)
+        assert state.resolve("a->b@prod").version == 2  # a replica caches what the registry said after the snapshot
+        _roll_back_to(a, snapshot)
+        assert b.resolve("a->b@prod").version == 4
+        a.set_alias("a->b", "prod", 3)  # one write: the generation is back where the replica cached
+        assert b.resolve("a->b@prod").version == 3
+        assert state.resolve("a->b@prod").version == 3  # was 2, from the cache
+    finally:
+        a.close()
+        b.close()
+
+
 def test_an_alias_removed_by_many_threads_at_once_is_removed_once(reg, run_threads):
     """Clients racing to remove one alias: one is told it removed it, the others that it is not there (404), as
     if they had run one after the other; on PostgreSQL every one of them used to be told it removed it."""
