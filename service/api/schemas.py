@@ -357,7 +357,9 @@ class Health(BaseModel):
 
 class Ready(BaseModel):
     status: Literal["ready", "not ready"]
-    checks: dict[str, Any] = Field(..., description="`registry`, `indexes` (counts `loaded`, `loading`: still being "
+    checks: dict[str, Any] = Field(..., description="`registry`, `artifacts` (once the registry answers: `ok`, or "
+                                                     "why this data dir's artifact folder is not the registry's), "
+                                                     "`indexes` (counts `loaded`, `loading`: still being "
                                                      "loaded at start-up, not ready until 0, and `failed`; `errors`: "
                                                      "name -> why; failures never gate readiness), `data_dir` "
                                                      "(writable, free space above `min_free_bytes`), and `demo` "

@@ -16,6 +16,7 @@ the crash-safe write path and :mod:`.errors` for the error tree. Modules import 
 from .core import Registry, open_registry, package_version
 from .errors import (
     AliasMovedError,
+    ArtifactsElsewhereError,
     ConflictError,
     DeletedVersionError,
     IntegrityError,
@@ -32,6 +33,6 @@ from .names import parse_ref
 __all__ = [
     "Registry", "open_registry", "Record", "VersionInfo", "SpaceInfo", "SteerInfo", "RegistryError", "NotFoundError",
     "DeletedVersionError", "NoReliableVersionError", "ConflictError", "AliasMovedError", "InvalidNameError",
-    "IntegrityError", "RegistryLockedError", "RegistryUnavailableError",
+    "IntegrityError", "ArtifactsElsewhereError", "RegistryLockedError", "RegistryUnavailableError",
     "parse_ref", "package_version",
 ]

@@ -10,6 +10,7 @@
     │   └── AliasMovedError            a compare-and-set alias write found it elsewhere
     ├── InvalidNameError (ValueError)  a name or reference that is not allowed         invalid
     ├── IntegrityError                 an artifact is missing or its sha256 differs    integrity
+    │   └── ArtifactsElsewhereError    this data dir lacks the registry's artifacts    unavailable
     └── RegistryUnavailableError       the registry's database server cannot be reached unavailable
         ├── RegistryLockedError        the SQLite file stayed locked past the busy timeout (retry later)
         └── DamagedDatabaseError       the SQLite file is damaged (restore a backup)
@@ -33,6 +34,7 @@ __all__ = [
     "AliasMovedError",
     "InvalidNameError",
     "IntegrityError",
+    "ArtifactsElsewhereError",
     "RegistryUnavailableError",
     "RegistryLockedError",
     "DamagedDatabaseError",
@@ -85,6 +87,15 @@ class IntegrityError(RegistryError):
     """A stored artifact is missing, unreadable, or does not match its recorded sha256."""
 
     kind = "integrity"
+
+
+class ArtifactsElsewhereError(IntegrityError, _errors.NotConfiguredError):
+    """An artifact is missing, and so are most of the newest versions' files: this data dir's artifact folder is not
+    the one the registry's writers filled (a replica with its own data dir on a shared PostgreSQL registry). 503
+    without ``Retry-After``, exit 2, until its operator points it at the shared folder; it was a 500 IntegrityError
+    per request while /readyz said ready (QA 4801)."""
+
+    kind = "unavailable"
 
 
 class RegistryUnavailableError(RegistryError, _errors.ServiceUnavailableError):

@@ -13,6 +13,7 @@ from starlette.concurrency import run_in_threadpool
 
 from ...errors import ServiceUnavailableError
 from ...ops.demo import demo_status
+from ...registry.entity import artifacts_elsewhere
 from ...memory import heap_settings
 from ...metrics import CONTENT_TYPE_LATEST
 from ..deps import MetricsAccess, ReadScope, StateDep, jobs_per_key
@@ -36,6 +37,8 @@ async def readyz(request: Request):
     if state is not None:
         if state.registry is not None:
             checks["registry"] = await _registry_check(state)
+            if checks["registry"] == "ok":
+                checks["artifacts"] = await _artifacts_check(state)
         elif state.registry_error:  # not open yet: its database was down at start-up, the app retries
             checks["registry"] = f"error: {state.registry_error} (retrying)"
         loaded = state.indexes.loaded  # read once: the checks and the answer agree
@@ -50,7 +53,7 @@ async def readyz(request: Request):
         folders = (s.resolved_artifact_dir(), s.resolved_report_dir(), Path(s.data_dir) / "indexes")
         checks["data_dir"] = await run_in_threadpool(data_dir_status, s.data_dir, s.min_free_bytes,
                                                      state.opened_files(), folders)
-        ok = (checks["registry"] == "ok" and loaded and checks["data_dir"] == "ok"
+        ok = (checks["registry"] == "ok" and checks.get("artifacts") == "ok" and loaded and checks["data_dir"] == "ok"
               and state.preload.ready)
     return FastJSONResponse({"status": "ready" if ok else "not ready", "checks": checks},
                             status_code=200 if ok else 503)
@@ -92,6 +95,27 @@ async def _registry_check(state) -> str:
         return f"error: no answer from the registry for {time.monotonic() - started:.1f} s"
     except Exception as exc:  # noqa: BLE001 - reported, not raised
         return f"error: {type(exc).__name__}: {exc}"
+
+
+#: How long /readyz reuses its look at the artifact folder (one query and a few ``stat``\ s)
+ARTIFACTS_CHECK_S = 30.0
+
+
+async def _artifacts_check(state) -> str:
+    """``"ok"``, or why this data dir's artifact folder is not the registry's
+    (:func:`~service.registry.entity.artifacts_elsewhere`: most of the newest versions' files are missing here),
+    looked at once per :data:`ARTIFACTS_CHECK_S`. Such a replica said ready, then answered every transform with a
+    500 "artifact ... is missing" (QA 4801)."""
+    at, said = state.artifacts_checked
+    if at is None or time.monotonic() - at >= ARTIFACTS_CHECK_S:
+        reg = state.registry
+        try:
+            why = await run_in_threadpool(artifacts_elsewhere, reg.db, reg.store)
+        except Exception as exc:  # noqa: BLE001 - reported, not raised (and looked at again next time)
+            return f"error: {type(exc).__name__}: {exc}"
+        said = "ok" if why is None else f"error: {why}"
+        state.artifacts_checked = (time.monotonic(), said)
+    return said
 
 
 @router.get("/metrics", summary="Prometheus metrics", response_class=Response, dependencies=[MetricsAccess],

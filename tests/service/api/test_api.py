@@ -430,3 +430,26 @@ def test_keys_never_in_logs(tmp_path, capfd):
     assert '"route": "/v1/maps"' in err  # the access log is on
     for k in (*KEYS, "not-a-key-secret"):
         assert k not in err
+
+
+def test_a_replica_without_the_registrys_artifacts_is_not_ready_and_says_why(tmp_path):
+    """QA 4801: a replica with a data dir of its own on a shared registry (PostgreSQL in production; here one SQLite
+    file that two data dirs name) said /readyz ready, then answered every transform with a 500 IntegrityError
+    "artifact ... is missing". It is not ready, and a transform is a 503 naming the cause; one file lost from the
+    shared folder is not that (the replicas stay ready)."""
+    import align
+
+    url = f"sqlite:///{(tmp_path / 'shared.sqlite').resolve()}"
+    with served_world(tmp_path / "writer", registry_url=url) as (c, app, data):
+        reg = app.state.vb.registry
+        reg.store.path(reg.register_steer("up", align.MeanShift(np.ones(16, np.float32)), space="a").artifact_path
+                       ).unlink()
+        assert c.get("/readyz").json()["checks"]["artifacts"] == "ok"  # 1 of 3 missing: a lost file
+    with TestClient(create_app(settings_for(tmp_path / "replica", registry_url=url))) as c:
+        ready = c.get("/readyz")
+        assert ready.status_code == 503 and ready.json()["status"] == "not ready", ready.text
+        assert "does not hold the registry's artifacts (3 of the 3 newest" in ready.json()["checks"]["artifacts"]
+        r = c.post("/v1/maps/a2b@prod/transform", json={"vectors": data["X"][:2].tolist()}, headers=R)
+        assert r.status_code == 503 and "retry-after" not in r.headers, r.text
+        assert "replicas of one registry must share its artifact folder" in r.json()["error"]["message"]
+        assert r.json()["error"]["message"].startswith("artifact ")  # which file, then why
