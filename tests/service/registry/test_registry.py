@@ -884,7 +884,8 @@ def test_a_rolled_back_registry_never_serves_what_was_cached_after_the_snapshot(
             snapshot.write_bytes(a.db.path.read_bytes())
         else:
             with a.db.tx() as t:
-                snapshot = {table: [tuple(r) for r in t.q(f"SELECT * FROM {table}")] for table in ("vb_meta", "aliases")}
+                snapshot = {table: [tuple(r) for r in t.q(f"SELECT * FROM {table}")]
+                            for table in ("vb_meta", "aliases")}
         state = AppState(Settings(data_dir=tmp_path / "state", demo_on_empty=False))
         state.registry = b
         a.set_alias("a->b", "prod", 2)
@@ -1232,3 +1233,33 @@ def test_a_stop_right_after_an_artifact_is_renamed_into_place_leaves_no_orphan(r
     monkeypatch.setattr(core, "FAULT_HOOK", None)
     report = reg.verify()
     assert report["orphan_artifacts"] == [] and reg.store.all_relpaths() == set(), report
+
+
+def test_a_replica_reading_another_artifact_folder_is_told_apart_from_a_lost_file(registry_url, tmp_path):
+    """QA 4801: a replica with a data dir of its own on a shared registry reads versions whose files are in another
+    folder: an ArtifactsElsewhereError (503) naming the cause, where it was a bare IntegrityError (500). One file lost
+    from the shared folder stays an IntegrityError, and the folder still counts as the registry's."""
+    from service.registry import ArtifactsElsewhereError
+    from service.registry.entity import artifacts_elsewhere
+
+    a = open_registry(registry_url, tmp_path / "artifacts")
+    b = open_registry(registry_url, tmp_path / "replica" / "artifacts")
+    try:
+        for seed in range(3):
+            register(a, seed=seed)
+        a.register_steer("st", align.MeanShift(np.ones(8)), space="a")
+        assert artifacts_elsewhere(a.db, a.store) is None
+        assert "(4 of the 4 newest versions' files are not in" in artifacts_elsewhere(b.db, b.store)
+        with pytest.raises(ArtifactsElsewhereError, match="must share its artifact folder") as e:
+            b.load_map("a->b:1")
+        assert isinstance(e.value, IntegrityError) and str(e.value).startswith("artifact ")
+        with pytest.raises(ArtifactsElsewhereError):
+            b.load_steer("st")
+        a.store.path(a.get_version("a->b", 2).artifact_path).unlink()  # lost: 1 of 4
+        assert artifacts_elsewhere(a.db, a.store) is None
+        with pytest.raises(IntegrityError, match="missing or unreadable") as e:
+            a.load_map("a->b:2")
+        assert not isinstance(e.value, ArtifactsElsewhereError)
+    finally:
+        a.close()
+        b.close()
