@@ -314,16 +314,27 @@ def main(argv=None) -> int:
     return _output_closed() if code == 1 and _closed_outputs() else code  # click's EPIPE exit (--help) is 1
 
 
+def _kept_stop() -> None:
+    """The stop kept since the work was committed (:meth:`_Stop.defer`), raised now that its result is out, saying
+    so; stdout flushed first (here, not at exit: a reader gone before it is 141 as well). Also where the command
+    ends by its own exit status (``sys.exit(1)`` after a fit flagged unreliable): the stop wins, 130 / 143 / 129."""
+    if sys.stdout is not None:
+        sys.stdout.flush()
+    if _STOP.deferred and _STOP.requested is not None:
+        _STOP.deferred = False
+        click.echo("vecbridge: the stop came after the work was committed: the result above stands", err=True)
+        _STOP.raise_it()
+
+
 def _main(argv) -> int:
     try:
         with _signals_unwind():
-            code = cli.main(args=argv, prog_name="vecbridge", standalone_mode=False)
-            if sys.stdout is not None:
-                sys.stdout.flush()  # here, not at exit: a reader gone before it is 141 as well
-            if _STOP.deferred and _STOP.requested is not None:  # kept since the work was committed: its result
-                _STOP.deferred = False  # is out; the stop now, saying so
-                click.echo("vecbridge: the stop came after the work was committed: the result above stands", err=True)
-                _STOP.raise_it()
+            try:
+                code = cli.main(args=argv, prog_name="vecbridge", standalone_mode=False)
+            except SystemExit:  # a command's own status after its result (``sys.exit(1)``: a fit flagged
+                _kept_stop()  # unreliable): a stop kept since the commit was dropped with it, exit 1
+                raise
+            _kept_stop()
         # click, not standalone, catches a command's ``click.exceptions.Exit(n)`` / ``ctx.exit(n)`` and RETURNS n:
         # ignored, `index compact --all` with a failed index exited 0. No command returns anything else (None).
         return code if isinstance(code, int) and not isinstance(code, bool) else 0

@@ -254,3 +254,29 @@ def test_a_stop_just_after_a_fit_is_registered_still_prints_what_it_registered(w
     assert _last_line(p.stderr).startswith(f"vecbridge: {word}"), p.stderr
     listed = _vb(data, "registry", "list")
     assert listed.returncode == 0 and "latest 1 " in listed.stdout, listed.stdout
+
+
+@pytest.mark.parametrize("what", ["steer", "map"])
+def test_a_stop_kept_past_the_commit_of_a_fit_flagged_unreliable_still_stops_it(world, tmp_path, what):
+    """A fit flagged unreliable (a steer on shuffled labels, a map of mispaired rows) exits 1 after printing its
+    result; a Ctrl-C kept since its 'register' stage was dropped there (``sys.exit(1)`` skipped the kept stop): exit
+    1, as if no one had asked it to stop. The stop now wins, as after any other result: 130, saying the result
+    above stands."""
+    rng = np.random.default_rng(1)
+    if what == "steer":
+        write_vectors(tmp_path / "rows.npy", rng.normal(size=(2000, 32)).astype(np.float32) + 2.0)
+        np.save(tmp_path / "labels.npy", rng.choice([-1, 0, 0, 1], size=2000))  # labels that mean nothing
+        args = ("steer", "fit", "--space", "toy", "--vectors", tmp_path / "rows.npy", "--labels",
+                tmp_path / "labels.npy", "--name", "s", "--quiet")
+    else:
+        write_vectors(tmp_path / "mispaired.npy", np.load(world / "y.npy")[rng.permutation(2000)])
+        args = ("fit", "--source", world / "x.npy", "--target", tmp_path / "mispaired.npy", "--method", "procrustes",
+                "--name", "s", "--quiet")
+    data = tmp_path / "var"
+    p = subprocess.run(_python("-c", _SIGNAL_AT_COMMIT, "SIGINT", "--data-dir", data, *args), cwd=ROOT,
+                       capture_output=True, text=True, timeout=300, check=False)
+    assert "flagged UNRELIABLE" in p.stderr, p.stderr  # the fit this is about: exit 1 had it not been stopped
+    assert p.returncode == 130, (p.returncode, p.stdout, p.stderr)
+    assert p.stdout.startswith("registered "), p.stdout
+    assert "Traceback" not in p.stderr and "the result above stands" in p.stderr, p.stderr
+    assert _last_line(p.stderr).startswith("vecbridge: interrupted"), p.stderr
