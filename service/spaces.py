@@ -239,14 +239,25 @@ class RowsCheck:
 
 
 def check_rows(V, space: str, references: dict[str, list[Reference]] | Callable[[], dict], *, name: str = "the rows",
-               fix: str = "", own_extra: Callable[[], Frame | None] | None = None) -> RowsCheck:
+               fix: str = "", own_extra: Callable[[], Frame | None] | None = None,
+               warn: Callable[[str], None] | None = None) -> RowsCheck:
     """The rows ``V`` (n, d) declared of ``space`` against ``references`` (:func:`space_references`, or a callable
     giving them: not called for fewer than :data:`MEAN_CHECK_MIN_ROWS` rows); only the first
     :data:`SPACE_SAMPLE_ROWS` finite rows are read. Raises :class:`SpaceMismatchError` when another space's
     reference recognises them (:func:`judge_rows`), naming that space, the figures and ``fix`` (how the caller
     declares or changes the space). ``own_extra()``: another reference of ``space`` (an index's own rows), fitted
     only when the registry's alone would refuse or cannot tell. References of a space whose encoder is
-    ``space``'s (both recorded) are not another space's: the same model's rows."""
+    ``space``'s (both recorded) are not another space's: the same model's rows. ``warn(note)``: called with the
+    check's :attr:`~RowsCheck.warning` when it has one (references exist but none recognises the rows: they go on)
+    — the callers' "warn, do not refuse" in one place."""
+    found = _check_rows(V, space, references, name=name, fix=fix, own_extra=own_extra)
+    if found.warning and warn is not None:
+        warn(found.warning)
+    return found
+
+
+def _check_rows(V, space: str, references, *, name: str, fix: str, own_extra) -> RowsCheck:
+    """:func:`check_rows` but for its ``warn``."""
     V = np.asarray(V)[:SPACE_SAMPLE_ROWS]
     if V.ndim != 2 or V.shape[0] < MEAN_CHECK_MIN_ROWS:
         return RowsCheck("unknown", f"unchecked: fewer than {MEAN_CHECK_MIN_ROWS} rows to tell their space by")
@@ -310,11 +321,9 @@ def check_pair_spaces(X: np.ndarray, Y: np.ndarray, source_space: str, target_sp
         return refs["all"]
     for side, M, space in (("source", X, source_space), ("target", Y, target_space)):
         try:
-            found = check_rows(M, space, once, name=f"the {side} rows", fix=fix[side])
+            check_rows(M, space, once, name=f"the {side} rows", fix=fix[side], warn=notes.append)
         except SpaceMismatchError as e:
             errors[side] = e
-        else:
-            notes += [found.warning] if found.warning else []
     if {"source", "target"} <= errors.keys() and (errors["source"].looks_like, errors["target"].looks_like) == (
             target_space, source_space):
         err = SpaceMismatchError(

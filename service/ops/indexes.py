@@ -266,10 +266,10 @@ def check_rows_space(resolver: Resolver | None, idx: SpaceIndex, X, name: str, f
                 raise
             unanswered.append(e)
             return {}
-    found = check_rows(X, space, references, name=name, fix=fix,
-                       own_extra=(lambda: index_frame(idx, wait=wait)) if space == idx.space else None)
-    note = found.warning
+    check_rows(X, space, references, name=name, fix=fix, warn=warn,
+               own_extra=(lambda: index_frame(idx, wait=wait)) if space == idx.space else None)
     if unanswered:  # the rows went on as the index's space's without a word: 90 rows of another model went in
+        # (no references, so check_rows warned of nothing: this is the one note)
         why = (str(unanswered[0]).strip().splitlines() or [type(unanswered[0]).__name__])[0]
         note = (f"{name} are unchecked by rows: the registry did not answer ({why}), so "
                 f"whether they are {space!r} rows was not compared with its maps; they were taken as {space!r} rows")
@@ -277,8 +277,8 @@ def check_rows_space(resolver: Resolver | None, idx: SpaceIndex, X, name: str, f
             # the log, once a minute per index at most (every search of 50+ queries meets a registry that is down)
             log.warning("rows unchecked: registry unavailable", extra={"fields": {
                 "index": idx.name, "space": space, "rows": int(X.shape[0]), "error": why}})
-    if note and warn is not None:
-        warn(note)
+        if warn is not None:
+            warn(note)
 
 
 def query_dim(resolver: Resolver, idx: SpaceIndex, space: str | None,

@@ -352,9 +352,7 @@ def check_steer_rows(registry, X, space: str, *, use: str, name: str, ref: str |
     if X.ndim != 2:  # refused by shape where the rows are read
         return
     refs = references or (lambda: space_references(registry, X.shape[1]))
-    found = check_rows(X, space, refs, name=name, fix=_ROWS_FIX[use].format(ref=ref, space=space))
-    if found.warning and warn is not None:
-        warn(found.warning)
+    check_rows(X, space, refs, name=name, fix=_ROWS_FIX[use].format(ref=ref, space=space), warn=warn)
 
 
 def steer_file(registry, ref: str, eps: float, inp, out, *, chunk_rows: int = 65536, rows=None,

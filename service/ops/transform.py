@@ -156,13 +156,11 @@ def check_direction_rows(v, m, X: np.ndarray, *, name: str, how: str,
     side are a SpaceMismatchError whose fix names ``how`` a map is applied. Nothing for a map within one space."""
     if v.source_space == v.target_space:
         return
-    found = check_rows(X, v.source_space, lambda: map_references(v, m), name=name,
-                       fix=f"a map the wrong way round? Map them with a map from {{other}} ({how}: {v.ref} reads "
-                           f"{v.source_space!r} rows); or, if they are {v.source_space!r} rows, {v.ref} itself was "
-                           f"fitted on swapped files (its sides, read from the rows it was fitted on, hold the other "
-                           f"way round): fit it again")
-    if found.warning and warn is not None:
-        warn(found.warning)
+    check_rows(X, v.source_space, lambda: map_references(v, m), name=name, warn=warn,
+               fix=f"a map the wrong way round? Map them with a map from {{other}} ({how}: {v.ref} reads "
+                   f"{v.source_space!r} rows); or, if they are {v.source_space!r} rows, {v.ref} itself was "
+                   f"fitted on swapped files (its sides, read from the rows it was fitted on, hold the other "
+                   f"way round): fit it again")
 
 
 def rows_through(inp, out, through: Callable[[Iterator[np.ndarray]], Iterable[np.ndarray]], *, source_dim: int,
