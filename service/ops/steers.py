@@ -56,8 +56,10 @@ _METHOD_PARAMS = {"local": {"n_queries", "n_neighbors", "ridge", "opposite_weigh
                   "mean-shift": set()}
 _METRICS = ("loss_initial", "loss_final", "n_iter", "converged", "n_pos", "n_neg", "n_neutral", "n_pairs")
 #: a steer whose own cross-validation leaves its held-out loss within this fraction of no steer's at every prior
-#: weight does not separate its labels (WordNet plant vs animal, 16,384 MiniLM rows: real labels 0.67, shuffled ones
-#: 0.996-0.998, labels half shuffled 0.978); flagged unreliable, as a map at chance is
+#: weight does not separate its labels (WordNet plant vs animal, MiniLM, 5 seeds each of 300 / 1,000 / 3,000 / 8,000
+#: rows: real labels 0.44-0.63, shuffled ones 1.001-1.11, every one flagged; before the held-out folds' labels were
+#: kept out of the prior's line, shuffled ones scored 0.76-0.95 below 3,000 rows and passed:
+#: ``benchmarks/results/steer_flag_2026-12-06.md``); flagged unreliable, as a map at chance is
 STEER_MIN_HELDOUT_GAIN = 0.02
 #: items stored at each end of a lens direction at fit time (:func:`fit_and_register`'s ``lens_k``)
 LENS_K = 5
@@ -194,9 +196,12 @@ def fit_verdict(metadata: Mapping) -> dict:
     ``heldout_loss_ratio`` (the best weight's) and ``reliable`` (False, with ``unreliable_reason``, when it is
     within :data:`STEER_MIN_HELDOUT_GAIN` of 1: labels the steer does not separate, e.g. shuffled ones). ``{}``
     where there is no such check (lm-steer, mean-shift, a fixed prior weight, too few rows per fold): not judged.
-    The check reads the mean-shift direction of every row, so with few labelled rows shuffled labels can score
-    0.85-0.98 and pass (a review: 27 labelled of 1,638 rows, and 816 of 3,800, passed; 8,000 rows with ~1,600
-    labelled were flagged): it catches a steer that means nothing on many labelled rows, not every one."""
+    Each held-out fold is scored by a steer made from the other folds alone, its prior's mean-shift line included
+    (:func:`align.steer_local.shift_line`): that line read every row's labels before, and with few labelled rows
+    shuffled labels scored 0.76-0.98 and passed (a review: 27 labelled of 1,638 rows, and 816 of 3,800); now they
+    score about 1 or more at every size measured (300-8,000 rows). A rare attribute's real labels can be flagged
+    too (WordNet adjective sentiment, 1-2% of rows labelled: 0.98-1.0), as the check cannot tell them from shuffled
+    ones (``benchmarks/results/steer_flag_2026-12-06.md``)."""
     ratios = (metadata.get("prior_selection") or {}).get("heldout_loss_ratio")
     if not ratios:
         return {}
