@@ -44,7 +44,14 @@ from typing import Callable
 
 from align.exceptions import Cancelled
 
-from .errors import BusyError, ConflictError, NotFoundError, http_status
+from .errors import (
+    BusyError,
+    ConflictError,
+    NotFoundError,
+    http_status,
+    kind_of,
+    retry_after_of,
+)
 from .job_store import (
     FIT_ADVICE,
     INTERRUPTED,
@@ -144,6 +151,15 @@ class JobContext:
 
 
 MAX_ERROR_CHARS = 4000
+
+#: what the error of a job that failed on a retryable error adds (its Idempotency-Key was let go)
+RELEASED = " (a retry may succeed: its Idempotency-Key is free again, so submitting it again starts a new job)"
+
+
+def _retryable(exc: BaseException) -> bool:
+    """Whether a job that failed with ``exc`` may succeed when submitted again as it was: a part unavailable for a
+    while (the registry restarting or locked by a backup), a full queue; not a part missing for good, nor bad input."""
+    return kind_of(exc) in ("unavailable", "busy") and retry_after_of(exc) is not None
 
 
 def _wanted(job: Job, states: tuple[str, ...] | None, kinds: tuple[str, ...] | None) -> bool:
@@ -505,6 +521,12 @@ class JobManager:
                     if http_status(exc) == 500 and is_storage_error(exc):  # a full or read-only data dir: the typed
                         # 503 a submit gets then (the record said OperationalError in SQLite's raw words)
                         job.error = {"type": "StorageUnavailableError", "message": storage_message(exc)}
+                    elif job.idempotency_key is not None and _retryable(exc):  # as Stripe: a failure a retry can fix
+                        # keeps no key. The registry down for a moment failed the job, and every resubmission with
+                        # its key was answered that failed job, for as long as the record was kept
+                        self._idem.pop(job.idempotency_key, None)
+                        job.idempotency_key = None
+                        job.error["message"] += RELEASED
             self._persist(job)
             if job.state == "failed":
                 _log.warning("job failed", extra={"fields": {

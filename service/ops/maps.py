@@ -31,6 +31,7 @@ from ..registry import ConflictError, DeletedVersionError, NoReliableVersionErro
 from ..registry.entity import collected
 from ..registry.names import check_alias, check_name, utf8_safe
 from ..registry.quality import SPLIT, heldout_doubt
+from ..registry.retry import until_registered
 from ..reports import inner_timings
 from ..spaces import check_fit_spaces
 from .embeddings import FitSide, check_pairs, embed, embed_side, fit_side
@@ -334,17 +335,29 @@ def run_fit(registry: Registry, *, name: str, source, target, method: str, param
     metrics["timings"] = {k: round(v, 4) for k, v in {**st.timings, **inner_timings(diag)}.items()}
     if isinstance(map_.metadata.get("distributed"), dict):  # a sharded fit's record, its workers' peak memory too
         metrics["distributed"] = dict(map_.metadata["distributed"])
-    before = registry.resolve_bare(name)
     # a space the fit creates from texts records their encoder (a later text transform then needs no --encoder)
     encoders = {space: canonical_name(side["encoder"]) for key, space in (("source", source_space),
                                                                           ("target", target_space))
                 if isinstance(side := (inputs or {}).get(key), dict) and side.get("encoder")}
-    version = registry.register_version(
-        name, map_, source_space=source_space, target_space=target_space, method=method, params=effective,
-        random_state=random_state, data_hashes=hashes, metrics=metrics, description=description, tags=tags,
-        alias=alias, report_path=report_rel, artifact_format=artifact_format, encoders=encoders,
-        inputs={**(inputs or {}), "n_source": X.shape[0], "n_target": Y.shape[0], "paired": paired,
-                **{f"n_{k}": U.shape[0] for k, U in rest.items()}})
+
+    def register():
+        return registry.resolve_bare(name), registry.register_version(
+            name, map_, source_space=source_space, target_space=target_space, method=method, params=effective,
+            random_state=random_state, data_hashes=hashes, metrics=metrics, description=description, tags=tags,
+            alias=alias, report_path=report_rel, artifact_format=artifact_format, encoders=encoders,
+            inputs={**(inputs or {}), "n_source": X.shape[0], "n_target": Y.shape[0], "paired": paired,
+                    **{f"n_{k}": U.shape[0] for k, U in rest.items()}})
+
+    def found():  # this fit's version, if a try that failed was committed (its stage timings are its own)
+        try:
+            mine = [v for v in registry.list_versions(name) if v.data_hashes == hashes
+                    and v.metrics.get("timings") == metrics["timings"]]
+        except NotFoundError:
+            return None
+        return (None, mine[-1]) if mine else None
+
+    # a registry unreachable for seconds (a PostgreSQL restart) failed a fit of minutes: the map was thrown away
+    before, version = until_registered(register, st.tick, what=f"map {name!r}", found=found)
     missing = write_fit_report(version, report_file, report_copy, html_text) if html_text is not None else None
     if missing and notes is not None:
         notes.append(missing)

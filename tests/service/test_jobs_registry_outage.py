@@ -1,0 +1,135 @@
+"""A registry unavailable for a moment at the end of a fit (QA 4801: a PostgreSQL restart during a fit's register
+step): the fit waits for it instead of throwing the map away, and a job that failed on such an error anyway does not
+hold its Idempotency-Key (a resubmission starts a new job, as Stripe does).
+
+The outage is real: another connection holds the SQLite registry file (``BEGIN EXCLUSIVE``, as a backup does) past
+the registry's busy timeout, which is the RegistryLockedError (503, retry) a blip of PostgreSQL also is."""
+
+from __future__ import annotations
+
+import sqlite3
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+from _api_support import planted
+from _jobs_support import wait_job
+
+from service.jobs import JobManager, JobStore
+from service.ops.maps import run_fit
+from service.registry import RegistryLockedError, open_registry
+
+
+WAITING = "register: waiting for the registry"  # the stage a fit reports between tries (what a client reads)
+
+
+@pytest.fixture
+def reg(tmp_path):
+    r = open_registry(f"sqlite:///{tmp_path}/reg.sqlite", tmp_path / "artifacts")
+    r.db.timeout = 0.2  # a connection made from now on (a new thread's) gives up on a locked file after 0.2 s
+    return r
+
+
+def _fit(reg, progress):
+    """run_fit of a small paired map on a thread of its own (its registry connection waits 0.2 s on a locked file)."""
+    X, Y, _ = planted(200)
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(run_fit, reg, name="a2b", source=X, target=Y, method="procrustes", paired=True,
+                           source_space="a", target_space="b", progress=progress).result(timeout=120)
+
+
+class _Holder:
+    """Another process's hold on the registry file: ``take()`` locks it, ``free()`` lets it go."""
+
+    def __init__(self, path):
+        self.conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        self.held = False
+
+    def take(self):
+        self.conn.execute("BEGIN EXCLUSIVE")
+        self.held = True
+
+    def free(self):
+        if self.held:
+            self.conn.execute("ROLLBACK")
+            self.held = False
+
+
+def test_a_fit_whose_registry_is_unavailable_at_register_waits_and_registers(reg, tmp_path):
+    """The registry locked when the fit reaches its register step: RegistryUnavailableError threw the fitted map away.
+    Now the step reports it waits for the registry, tries again, and the map is registered once it is back."""
+    holder = _Holder(tmp_path / "reg.sqlite")
+    seen = []
+
+    def progress(stage, fraction):
+        seen.append(stage)
+        if stage == "register" and not holder.held:  # the registry goes away once the fit is done ...
+            holder.take()
+        elif stage == WAITING:  # ... and is back while the fit waits for it
+            holder.free()
+
+    try:
+        v = _fit(reg, progress)
+    finally:
+        holder.free()
+    assert WAITING in seen and seen.index(WAITING) > seen.index("register")
+    assert [x.version for x in reg.list_versions("a2b")] == [v.version] == [1]  # registered once
+    assert reg.load_map("a2b:1").source_dim == planted(200)[0].shape[1]
+
+
+def test_a_job_that_failed_on_a_retryable_error_lets_its_idempotency_key_go(reg, tmp_path):
+    """A job failed on the registry being unavailable kept its Idempotency-Key: the same key was answered that failed
+    job for as long as the record was kept (QA: a deploy script retrying "deploy-42" never fitted again). Now the key
+    is free (in this process and in the store other processes read), and a resubmission runs a new job; a failure no
+    retry can fix (bad input) keeps its key."""
+    store_path = tmp_path / "jobs.sqlite"
+    mgr = JobManager(workers=1, max_queued=4, store=JobStore(store_path))
+    mgr.open()
+    holder = _Holder(tmp_path / "reg.sqlite")
+
+    def write(ctx):
+        return {"space": reg.register_space("s", 4).name}
+
+    holder.take()
+    try:
+        first, created = mgr.submit(write, kind="fit", idempotency_key="deploy-42", request_hash="h")
+        assert created
+        failed = wait_job(mgr.get, first.id)
+    finally:
+        holder.free()
+    assert failed.state == "failed" and failed.error["type"] == "RegistryLockedError"
+    assert "Idempotency-Key is free again" in failed.error["message"]
+    assert JobStore(store_path).get(first.id)[0].idempotency_key is None  # what a sibling process reads
+
+    again, created = mgr.submit(write, kind="fit", idempotency_key="deploy-42", request_hash="h")
+    assert created and again.id != first.id
+    assert wait_job(mgr.get, again.id).state == "succeeded"
+    replay, created = mgr.submit(write, kind="fit", idempotency_key="deploy-42", request_hash="h")
+    assert not created and replay.id == again.id  # a success keeps its key
+
+    def bad(ctx):
+        raise ValueError("bad input")
+
+    broken, _ = mgr.submit(bad, kind="fit", idempotency_key="bad-1", request_hash="b")
+    assert wait_job(mgr.get, broken.id).state == "failed"
+    replay, created = mgr.submit(bad, kind="fit", idempotency_key="bad-1", request_hash="b")
+    assert not created and replay.id == broken.id
+    mgr.shutdown(wait=True)
+
+
+def test_a_registry_unavailable_past_the_waits_fails_the_fit_with_its_error(reg, tmp_path, monkeypatch):
+    """The waits are bounded: a registry that stays away fails the fit with its error (503 kind), after every try."""
+    monkeypatch.setattr("service.registry.retry.REGISTER_WAITS", (0.01, 0.01))  # short waits: the test is about their end
+    holder = _Holder(tmp_path / "reg.sqlite")
+    waits = []
+
+    def progress(stage, fraction):
+        if stage == "register" and not holder.held:
+            holder.take()
+        waits.append(stage)
+
+    try:
+        with pytest.raises(RegistryLockedError):
+            _fit(reg, progress)
+    finally:
+        holder.free()
+    assert WAITING in waits
