@@ -15,7 +15,7 @@ from urllib.parse import unquote
 
 from align.exceptions import InputError
 
-__all__ = ["check_pg_userinfo", "redact", "safe_url", "url_secrets"]
+__all__ = ["check_pg_userinfo", "hide_endpoints", "redact", "safe_url", "url_secrets"]
 
 
 def safe_url(url: str) -> str:
@@ -65,3 +65,15 @@ def check_pg_userinfo(url: str, what: str = "PostgreSQL URL") -> str:
                              "user name) as %40, e.g. postgresql://alice:p%40ss@db.example/vecbridge (the URL is not "
                              "repeated here: it may hold a password)")
     return url
+
+
+#: libpq's words for where it tried to connect: ``server at "db.internal" (10.0.0.5), port 5432``, ``on socket
+#: "/run/postgresql/.s.PGSQL.5432"``, ``host name "db.internal"``
+_ENDPOINT = re.compile(r'(server at )"[^"]*"(?: \([^)]*\))?, port \d+|(on socket )"[^"]*"|(host name )"[^"]*"')
+
+
+def hide_endpoints(message: str) -> str:
+    """``message`` with the host, address, port or socket a database driver names (libpq: ``connection to server at
+    "127.0.0.1", port 5432 failed``) shown as ``***``: what an answer to a client may show (an unauthenticated
+    ``/readyz`` showed the registry's address to anyone); the logs keep the whole message."""
+    return _ENDPOINT.sub(lambda m: f"{m.group(1) or m.group(2) or m.group(3)}***", str(message))

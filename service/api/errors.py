@@ -36,6 +36,7 @@ from align.exceptions import VecbridgeError
 from ..errors import HTTP_STATUS, kind_of, retry_after_of
 from ..logging import get_logger
 from ..storage import is_storage_error, storage_message
+from ..urls import hide_endpoints
 from .codec import validation_error
 from .responses import FastJSONResponse
 
@@ -80,6 +81,7 @@ def _domain_handler(request: Request, exc: Exception) -> FastJSONResponse:
     if status == 503 and isinstance(exc, VecbridgeError):  # a part not ready (registry down, LM missing): expected
         _log.warning("service unavailable", extra={"fields": {  # while it lasts, one line a request, no traceback
             "request_id": rid, "path_template": _route(request), "error": f"{type(exc).__name__}: {exc}"}})
+        message = hide_endpoints(message)  # the log has the database's host and port, a client does not
     elif status >= 500:
         _log.error("request failed", exc_info=exc, extra={"fields": {"request_id": rid,
                                                                       "path_template": _route(request)}})

@@ -16,6 +16,7 @@ from ...ops.demo import demo_status
 from ...registry.entity import artifacts_elsewhere
 from ...memory import heap_settings
 from ...metrics import CONTENT_TYPE_LATEST
+from ...urls import hide_endpoints
 from ..deps import MetricsAccess, ReadScope, StateDep, jobs_per_key
 from ..responses import FastJSONResponse
 from ..schemas import ErrorBody, Health, Ready, ServiceInfo, error_responses
@@ -40,7 +41,7 @@ async def readyz(request: Request):
             if checks["registry"] == "ok":
                 checks["artifacts"] = await _artifacts_check(state)
         elif state.registry_error:  # not open yet: its database was down at start-up, the app retries
-            checks["registry"] = f"error: {state.registry_error} (retrying)"
+            checks["registry"] = f"error: {hide_endpoints(state.registry_error)} (retrying)"
         loaded = state.indexes.loaded  # read once: the checks and the answer agree
         checks["indexes"] = await _indexes_check(state, loaded)
         if (demo := demo_status(state)) is not None:
@@ -94,7 +95,7 @@ async def _registry_check(state) -> str:
     except TimeoutError:
         return f"error: no answer from the registry for {time.monotonic() - started:.1f} s"
     except Exception as exc:  # noqa: BLE001 - reported, not raised
-        return f"error: {type(exc).__name__}: {exc}"
+        return f"error: {type(exc).__name__}: {hide_endpoints(str(exc))}"  # unauthenticated: no host, no port
 
 
 #: How long /readyz reuses its look at the artifact folder (one query and a few ``stat``\ s)

@@ -75,6 +75,8 @@ def test_a_registry_down_at_start_up_leaves_the_service_up_and_saying_why(tmp_pa
         assert r.status_code == 503, r.text
         registry = r.json()["checks"]["registry"]
         assert "cannot connect" in registry and "retrying" in registry and "pw-8c1e" not in r.text
+        # unauthenticated, it showed where the database is: 'connection to server at "127.0.0.1", port N failed'
+        assert "server at ***" in registry and str(db_port) not in r.text and "127.0.0.1" not in r.text, registry
         maps = httpx.get(f"{url}/v1/maps", headers=R, timeout=30)
         assert maps.status_code == 503 and "readyz" in maps.json()["error"]["message"]
         assert httpx.get(f"{url}/healthz", timeout=30).status_code == 200
@@ -83,12 +85,35 @@ def test_a_registry_down_at_start_up_leaves_the_service_up_and_saying_why(tmp_pa
         assert proc.wait(30) == 0
     log = (tmp_path / "server.log").read_text()
     assert "registry unavailable, retrying" in log and "pw-8c1e" not in log
+    assert f'server at \\"127.0.0.1\\", port {db_port}' in log  # the operator's log keeps where it is
     # each 503 while the registry is down was an ERROR "request failed" with a whole traceback: a flood, for an
     # expected state; now one WARNING line with the request id
     assert "Traceback" not in log
     lines = [json.loads(line) for line in log.splitlines()]
     assert [r["msg"] for r in lines if r.get("request_id") == maps.headers["x-request-id"]] == [
         "service unavailable", "request"]
+
+
+def test_a_503_for_an_unreachable_registry_names_no_host_or_port_to_the_client(tmp_path, caplog):
+    """A request's 503 quoted libpq's 'connection to server at "127.0.0.1", port N failed' to the client; it now
+    says 'server at ***', and the log line of the request keeps the host and port."""
+    from starlette.requests import Request
+
+    from service.api.errors import error_response
+    from service.registry import RegistryUnavailableError, open_registry
+
+    db_port = free_port()  # nothing listens there
+    with pytest.raises(RegistryUnavailableError) as err:
+        open_registry(f"postgresql://vb@127.0.0.1:{db_port}/vb", tmp_path / "artifacts")
+    assert f"port {db_port}" in str(err.value)  # what the driver says (and the log keeps)
+    request = Request({"type": "http", "method": "GET", "path": "/v1/maps", "headers": [], "query_string": b"",
+                       "state": {"request_id": "rid-1"}})
+    with caplog.at_level("WARNING", logger="vecbridge.errors"):
+        r = error_response(request, err.value)
+    body = json.loads(r.body)["error"]
+    assert r.status_code == 503 and "connection to server at *** failed" in body["message"], body
+    assert str(db_port) not in body["message"] and "127.0.0.1" not in body["message"]
+    assert any(f"port {db_port}" in str(getattr(rec, "fields", "")) for rec in caplog.records)
 
 
 def test_a_damaged_sqlite_registry_is_a_503_naming_it_and_readiness_says_so(tmp_path):
