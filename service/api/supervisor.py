@@ -27,7 +27,7 @@ import time
 from uvicorn.config import STARTUP_FAILURE
 from uvicorn.supervisors.multiprocess import Multiprocess, Process
 
-__all__ = ["SERVING_CHECK_S", "STOP_CHECK_S", "Supervisor"]
+__all__ = ["SERVING_CHECK_S", "STOP_CHECK_S", "Supervisor", "died"]
 
 SERVING_CHECK_S = 10.0  # longest wait for a serving worker's answer (a starting one: timeout_worker_healthcheck)
 STOP_CHECK_S = 2.0  # longest wait, at the stop, for a worker's last answer before it is killed
@@ -35,6 +35,24 @@ _STEP_S = 0.1  # a check looks for a stop this often
 _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 _log = logging.getLogger("uvicorn.error")  # beside uvicorn's own supervisor lines
+
+
+def died(pid: int, exitcode: int | None, hung: bool = False) -> str:
+    """The supervisor's line for worker ``pid`` that ended with ``exitcode`` (multiprocessing's: ``-N`` for signal
+    N), ``hung``: killed by the supervisor for not answering its health check. As gunicorn, a SIGKILL nobody here sent
+    says it may have run out of memory."""
+    if hung:
+        why = "killed by the supervisor (no answer to its health check)"
+    elif exitcode is not None and exitcode < 0:
+        try:
+            name = signal.Signals(-exitcode).name
+        except ValueError:
+            name = f"signal {-exitcode}"
+        why = f"killed by {name}" + (" (perhaps out of memory: see the kernel log, dmesg, or the container's OOM "
+                                     "events)" if -exitcode == signal.SIGKILL else "")
+    else:
+        why = f"exited with code {exitcode}"
+    return f"Child process [{pid}] died: {why}; starting a new one"
 
 
 class Supervisor(Multiprocess):
@@ -80,7 +98,8 @@ class Supervisor(Multiprocess):
             wait = self.config.timeout_worker_healthcheck
             if process in self._serving:
                 wait = min(wait, SERVING_CHECK_S)
-            if process.process.is_alive():
+            hung = process.process.is_alive()
+            if hung:
                 answered = self._ask(process, wait)
                 if answered is None:
                     return
@@ -96,7 +115,9 @@ class Supervisor(Multiprocess):
                 return
             if self.should_exit.is_set():
                 return
-            _log.info(f"Child process [{process.pid}] died")
+            # was INFO "Child process [pid] died" whatever ended it: a worker the kernel's OOM killer took was not told
+            # from a clean exit, and a log alert on ERROR never fired
+            _log.log(logging.WARNING if hung else logging.ERROR, died(process.pid, process.exitcode, hung))
             process = Process(self.config, self.sockets)
             process.start()
             self.processes[idx] = process

@@ -52,10 +52,8 @@ def _serve_two(tmp_path, *args, env=None) -> tuple[subprocess.Popen, int, list[i
 
 
 def _died(tmp_path, pid: int) -> bool:
-    """The supervisor logged that it killed ``pid`` (uvicorn: "Child process [pid] died")."""
-    msgs = [json.loads(line).get("msg", "") for line in (tmp_path / "server.log").read_text().splitlines()
-            if line.startswith("{")]
-    return f"Child process [{pid}] died" in msgs
+    """The supervisor logged that ``pid`` died ("Child process [pid] died: <why>; starting a new one")."""
+    return any(m.startswith(f"Child process [{pid}] died") for m in _msgs(tmp_path))
 
 
 def _alive(pid: int) -> bool:
@@ -138,6 +136,29 @@ def test_the_option_sets_the_supervisors_wait_and_wins_over_the_variable(tmp_pat
     finally:
         if _alive(w):
             os.kill(w, signal.SIGCONT)
+        stop(proc)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_a_worker_killed_by_a_signal_is_an_error_naming_it(tmp_path):
+    """A worker killed with SIGKILL (the OOM killer's signal) was INFO "Child process [pid] died": no signal, no
+    code, nothing an alert on ERROR saw. Now it is an ERROR naming SIGKILL and the likely cause, and it is replaced."""
+    proc, _port, (w, other) = _serve_two_serving(tmp_path)
+    try:
+        os.kill(w, signal.SIGKILL)
+        deadline = time.monotonic() + 60
+        while not _died(tmp_path, w) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        lines = [json.loads(line) for line in (tmp_path / "server.log").read_text().splitlines()
+                 if line.startswith("{")]
+        died = [r for r in lines if r.get("msg", "").startswith(f"Child process [{w}] died")]
+        assert len(died) == 1 and died[0]["level"] == "ERROR", died
+        assert "killed by SIGKILL (perhaps out of memory" in died[0]["msg"], died
+        deadline = time.monotonic() + 90
+        while len(_workers(proc.pid)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert other in _workers(proc.pid) and len(_workers(proc.pid)) == 2
+    finally:
         stop(proc)
 
 
