@@ -197,6 +197,7 @@ class JobManager:
         self._unsaved: dict[str, Job] = {}  # finished jobs whose final record is still to be written
         self._joining = 0  # submits past the queue check whose job is not in _jobs yet (their store insert runs)
         self._owners: dict[str, str] = {}  # job id -> who submitted it (submit's owner), for the per-owner bound
+        self._requests: dict[str, str] = {}  # job id -> the id of the request that submitted it (its log lines)
         self._joining_by: Counter[str] = Counter()  # _joining, per owner
         self._seq = itertools.count(1)  # the order of this process's jobs without a store (Job.seq)
 
@@ -347,8 +348,9 @@ class JobManager:
 
     def submit(self, fn: Callable[[JobContext], dict | None], *, kind: str, description: str = "",
                idempotency_key: str | None = None, request_hash: str | None = None, owner: str | None = None,
-               owner_limit: int | None = None) -> tuple[Job, bool]:
-        """Queue ``fn``; returns ``(job, created)`` — ``created`` is False for an idempotent replay.
+               owner_limit: int | None = None, request_id: str | None = None) -> tuple[Job, bool]:
+        """Queue ``fn``; returns ``(job, created)`` — ``created`` is False for an idempotent replay. ``request_id``:
+        the submitting request's, named by the job's log lines with its ``description``.
 
         ``owner`` (an opaque id of who submits, e.g. a digest of the API key) may have at most ``owner_limit`` jobs
         waiting, counted as ``max_queued`` counts (a job a free worker takes at once does not wait); None: no bound
@@ -397,6 +399,8 @@ class JobManager:
                 self._jobs[job.id] = job
                 if owner is not None:
                     self._owners[job.id] = owner
+                if request_id is not None:
+                    self._requests[job.id] = request_id
                 if idempotency_key is not None:
                     self._idem[idempotency_key] = job.id
                 self._trim()
@@ -529,8 +533,9 @@ class JobManager:
                         job.error["message"] += RELEASED
             self._persist(job)
             if job.state == "failed":
-                _log.warning("job failed", extra={"fields": {
-                    "job_id": job.id, "kind": job.kind, "error": job.error,
+                _log.warning("job failed", extra={"fields": {  # which map or steer, asked by which request: the
+                    "job_id": job.id, "kind": job.kind, "what": job.description,  # line named neither
+                    "request_id": self._requests.get(job.id), "error": job.error,
                     "trace": "".join(traceback.format_tb(exc.__traceback__, limit=8))}})
             self._count(job.state)
             return
@@ -542,7 +547,8 @@ class JobManager:
             job.fraction = 1.0
             job.result = result or {}
         self._persist(job)
-        _log.info("job succeeded", extra={"fields": {"job_id": job.id, "kind": job.kind,
+        _log.info("job succeeded", extra={"fields": {"job_id": job.id, "kind": job.kind, "what": job.description,
+                                                     "request_id": self._requests.get(job.id),
                                                      "seconds": round(job.finished_at - job.started_at, 3)}})
         self._count("succeeded")
 
@@ -620,6 +626,7 @@ class JobManager:
         for k in finished[: max(0, len(finished) - self._keep)]:
             j = self._jobs.pop(k)
             self._owners.pop(k, None)
+            self._requests.pop(k, None)
             if j.idempotency_key is not None:
                 self._idem.pop(j.idempotency_key, None)
 

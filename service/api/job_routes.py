@@ -53,7 +53,8 @@ def job_route(router: APIRouter, path: str, *, kind: str, summary: str, descript
             # the durable insert can wait for the job store's lock: never on the event loop
             job, created = await run_in_threadpool(job_ops.submit, state.jobs, fn, kind=kind, description=what,
                                                    request=body, idempotency_key=idempotency_key, owner=owner,
-                                                   owner_limit=owner_limit)
+                                                   owner_limit=owner_limit,
+                                                   request_id=request.scope.get("state", {}).get("request_id"))
             root = request.scope.get("root_path", "").rstrip("/")  # the proxy's path prefix, if any
             return FastJSONResponse(job.to_dict(), status_code=202 if created else 200,
                                     headers={"Location": f"{root}/v1/jobs/{job.id}"})

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from ..config import LOG_LEVELS
 from ..encoders import list_encoders
 from . import DATA_DIR
 from ._common import Ctx, emit, json_opt, registry_option, search_on
@@ -48,8 +49,11 @@ def encoders(as_json):
               help="The path prefix a reverse proxy serves the service under (e.g. /vb), whether it strips it or "
                    "passes the full path on: /docs, the console and redirects carry it [env VECBRIDGE_ROOT_PATH; "
                    "default: none].")
+@click.option("--log-level", type=click.Choice(LOG_LEVELS, case_sensitive=False), default=None,
+              help="Lowest level of the JSON log lines (every worker's too) [env VECBRIDGE_LOG_LEVEL; default INFO].")
 @click.pass_obj
-def serve(obj: Ctx, data_dir, registry_url, host, port, workers, healthcheck, preload, search_device, root_path):
+def serve(obj: Ctx, data_dir, registry_url, host, port, workers, healthcheck, preload, search_device, root_path,
+          log_level):
     """Start the HTTP service (uvicorn; JSON logs, no access log of its own)."""
     from ..api import serve as serve_api  # FastAPI and uvicorn: loaded only to serve
     from ..ops.backup import refuse_pg_backup
@@ -74,7 +78,8 @@ def serve(obj: Ctx, data_dir, registry_url, host, port, workers, healthcheck, pr
     update = {k: v for k, v in (("data_dir", data_dir), ("registry_url", registry_url), ("host", host),
                                 ("port", port), ("preload_encoders", preload or None),
                                 ("worker_healthcheck_timeout_s", healthcheck),
-                                ("search_device", search_device), ("root_path", root_path)) if v is not None}
+                                ("search_device", search_device), ("root_path", root_path),
+                                ("log_level", log_level and log_level.upper())) if v is not None}
     settings = obj.settings.model_copy(update=update)
     # an option replaces a setting read from VECBRIDGE_<NAME>_FILE: it no longer comes from that file (else the
     # workers of --workers N, handed the file's variable by Settings.to_env, read the file's value instead)

@@ -20,15 +20,17 @@ __all__ = ["submit", "per_key_limit", "list_jobs", "cursor_key", "get_job", "can
 
 def submit(jobs: JobManager, fn: Callable[[JobContext], dict | None], *, kind: str, description: str,
            request: bytes, idempotency_key: str | None = None, owner: str | None = None,
-           owner_limit: int | None = None) -> tuple[Job, bool]:
-    """Queue ``fn`` as a job of ``kind``; ``(job, created)``.
+           owner_limit: int | None = None, request_id: str | None = None) -> tuple[Job, bool]:
+    """Queue ``fn`` as a job of ``kind``; ``(job, created)``. ``request_id``: the submitting request's (the job's
+    log lines name it).
 
     ``request`` (the raw request body) is hashed: the same ``idempotency_key`` with the same body
     returns the first job (``created`` False), with another body it is an IdempotencyConflictError.
     ``owner`` (who submits: an API key's digest) may have ``owner_limit`` jobs waiting (:func:`per_key_limit`).
     """
     return jobs.submit(fn, kind=kind, description=description, idempotency_key=idempotency_key,
-                       request_hash=hashlib.sha256(request).hexdigest(), owner=owner, owner_limit=owner_limit)
+                       request_hash=hashlib.sha256(request).hexdigest(), owner=owner, owner_limit=owner_limit,
+                       request_id=request_id)
 
 
 def per_key_limit(setting: int | None, max_queued: int, writers: int) -> int | None:
