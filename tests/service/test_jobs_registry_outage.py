@@ -118,7 +118,7 @@ def test_a_job_that_failed_on_a_retryable_error_lets_its_idempotency_key_go(reg,
 
 def test_a_registry_unavailable_past_the_waits_fails_the_fit_with_its_error(reg, tmp_path, monkeypatch):
     """The waits are bounded: a registry that stays away fails the fit with its error (503 kind), after every try."""
-    monkeypatch.setattr("service.registry.retry.REGISTER_WAITS", (0.01, 0.01))  # short waits: the test is about their end
+    monkeypatch.setattr("service.registry.retry.REGISTER_WAITS", (0.01, 0.01))  # short waits: it is about their end
     holder = _Holder(tmp_path / "reg.sqlite")
     waits = []
 
