@@ -124,6 +124,9 @@ def allowed_methods(request: Request) -> list[str]:
 
 
 def _http_handler(request: Request, exc: StarletteHTTPException) -> FastJSONResponse:
+    if exc.status_code == 405 and getattr(request.scope.get("endpoint"), "catch_all", False) \
+            and not allowed_methods(request):
+        exc = StarletteHTTPException(404)  # only a catch-all matched (TRACE /ui/typo): no route, as for GET there
     kind = {404: "NotFound", 405: "MethodNotAllowed"}.get(exc.status_code, "HTTPError")
     message = exc.detail if isinstance(exc.detail, str) else str(exc.detail)
     if exc.status_code == 404 and message == "Not Found":

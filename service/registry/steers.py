@@ -22,6 +22,12 @@ from .paths import path_choice
 __all__ = ["SteerRegistryMixin"]
 
 
+def _reliable(row) -> bool:
+    """Whether a stored steer version's row (its ``metrics`` JSON) may be reached by a bare name: not flagged
+    ``reliable: false`` (older versions, with no verdict, count as reliable). One rule for resolving and listing."""
+    return json.loads(row["metrics"] or "{}").get("reliable") is not False
+
+
 class SteerRegistryMixin:
     """``register_steer`` / ``resolve_steer`` / ``load_steer`` / ``list_steers`` / ``set_steer_alias`` /
     ``delete_steer_alias`` / ``delete_steer_version`` over the Registry's ``entities["steers"]`` store (and
@@ -71,7 +77,7 @@ class SteerRegistryMixin:
             with self.db.tx() as t:
                 if st.live_alias(t, name, self.path_alias) is None:
                     for r in st.rows(t, name, live=True, newest_first=True, cols="version, metrics"):
-                        if json.loads(r["metrics"] or "{}").get("reliable") is not False:
+                        if _reliable(r):
                             return st.get_in(t, name, int(r["version"]))
                         flagged.append(int(r["version"]))
             if flagged:
@@ -115,8 +121,7 @@ class SteerRegistryMixin:
                               "WHERE deleted = 0 AND {} ORDER BY name, version"):
                 live.setdefault(r["name"], []).append(r)
         for s in out:  # resolve_steer's rule on the same rows (paths.path_choice, as a map's path_version)
-            ok = {int(r["version"]): json.loads(r["metrics"] or "{}").get("reliable") is not False
-                  for r in live.get(s["name"], [])}
+            ok = {int(r["version"]): _reliable(r) for r in live.get(s["name"], [])}
             s["unreliable_versions"] = [v for v, good in ok.items() if not good]
             bare = path_choice(s["aliases"].get(self.path_alias), sorted(ok, reverse=True), int, ok.__getitem__)
             s["bare_version"] = None if bare is None else bare[0]

@@ -606,8 +606,9 @@ function steerPage() {
       if (ref === s.name) return `${s.name} (${s.space})`;
       if (ref) return `${ref} (${s.space}; by its alias: every live version is flagged unreliable)`;
       const flagged = (s.unreliable_versions || []).map(v => `${s.name}:${v}`).join(", ");
-      return `${s.name} (${s.space}): cannot be applied, ` + (s.n_live_versions
-        ? `every live version is flagged unreliable (${flagged}) and no alias holds one` : "no live version");
+      return `${s.name} (${s.space}): not offered here, ` + (s.n_live_versions
+        ? `every live version is flagged unreliable (${flagged}) and no alias holds one (point an alias at one, `
+          + "or name it as NAME:N over the API)" : "no live version");
     },
     submit() { return this.isLM() ? this.generate() : this.run(); },
     submitText() {

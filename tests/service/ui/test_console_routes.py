@@ -140,6 +140,8 @@ def test_any_method_at_an_unknown_console_address_gets_what_get_gets(tmp_path):
                     assert r.text == want.text and _csp(r) == _csp(want) and "allow" not in r.headers
             head = c.head(path)
             assert head.status_code == 404 and head.content == b"", path
+            r = c.request("TRACE", path)  # a method no route lists: 404 too, not a 405 naming GET alone
+            assert r.status_code == 404 and "allow" not in r.headers, (path, r.status_code, r.headers)
         for path in [*(f"/ui{p}" for p, _, _ in PAGES), "/ui/", "/ui", "/ui/static/console.js", "/docs"]:
             for method in ("POST", "PUT", "DELETE"):
                 r = c.request(method, path)
