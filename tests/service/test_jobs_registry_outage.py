@@ -18,7 +18,6 @@ from service.jobs import JobManager, JobStore
 from service.ops.maps import run_fit
 from service.registry import RegistryLockedError, open_registry
 
-
 WAITING = "register: waiting for the registry"  # the stage a fit reports between tries (what a client reads)
 
 
