@@ -353,8 +353,8 @@ class APICalls(SteerCalls, TagCalls, Calls):
         More rows than one request may hold go in batches (``batch_size``): not one transaction; ``notes`` holds every
         batch's, each once. Whatever ends the call part-way carries ``added_ids``, the ids of the rows of the batches
         already answered (resume with the rows after them): an :class:`APIError` or :class:`APIConnectionError`, a
-        Ctrl-C (the ``KeyboardInterrupt``, raised on with the attribute), an ``AsyncClient`` call cancelled (its
-        ``CancelledError``). The batch in flight may be added too: adding its rows again under their ids tells."""
+        Ctrl-C (the ``KeyboardInterrupt``, raised on with it and a note), a cancelled ``AsyncClient`` call (its
+        ``CancelledError``). The batch in flight may be added too, unless an error answer refused it: re-add to tell."""
         A = None if vectors is None else matrix(vectors)
         texts, ids, payloads = as_list(texts), as_list(ids), as_list(payloads)
         n = len(A) if A is not None else len(texts or [])

@@ -131,10 +131,23 @@ def noted(err: BaseException, note: str) -> None:
 
 
 def partly_added(err: BaseException, added: list) -> None:
-    """Mark the error of an ``add`` sent in batches: ``added_ids``, and a message saying what was added."""
+    """Mark what ended an ``add`` sent in batches part-way: ``added_ids`` (the rows of the batches answered), and
+    what was added. An error answer below 500 refused the batch in flight: the rest were not added. Anything else
+    came before its answer (no answer, a 5xx of a proxy, a Ctrl-C, a cancel; a Ctrl-C while the answer was read):
+    that batch may be added too. In the message of an :class:`APIError` / :class:`APIConnectionError`; a note
+    (``add_note``) on anything else, whose text and ``args`` stay its own (a bare ``KeyboardInterrupt`` read
+    " (60 rows ... were added ...; the rest were not)", false when the answer was being read)."""
     err.added_ids = list(added)
-    if added:
-        noted(err, f"{len(added)} rows of the earlier batches were added, ids in .added_ids; the rest were not")
+    note = f"{len(added)} rows of the earlier batches were added, ids in .added_ids; "
+    if isinstance(err, APIError) and err.status < 500:
+        note += "the rest were not"
+    else:  # one id a row: the rows answered are the first len(added) of the input
+        note += (f"the batch in flight (its rows from row {len(added)} of the call's input) may have been added "
+                 "too: its answer never came")
+    if not isinstance(err, (APIError, APIConnectionError)):
+        err.add_note(f"vecbridge Client.add: {note}")
+    elif added:
+        noted(err, note)
 
 
 P = ParamSpec("P")

@@ -121,37 +121,44 @@ def test_spans_cover_every_row_once_in_order_within_the_limits(n, rows, budget, 
 
 
 class _StopAtThirdAdd:
-    """A real transport (real sockets to the real server) at which the caller stops before the third request that
-    adds rows: a Ctrl-C (``KeyboardInterrupt``) for ``Client``, a cancelled task for ``AsyncClient``."""
+    """A real transport (real sockets to the real server) at which the caller stops at the third request that adds
+    rows: a Ctrl-C (``KeyboardInterrupt``) for ``Client``, a cancelled task for ``AsyncClient``; before it is sent,
+    or (``answered``) once the server has answered it: that batch is added, the caller never reads so."""
 
-    def __init__(self, stop: BaseException):
-        self.adds, self.stop = 0, stop
+    def __init__(self, stop: BaseException, answered: bool = False):
+        self.adds, self.stop, self.answered = 0, stop, answered
 
-    def before(self, request) -> None:
+    def check(self, request, answered: bool) -> None:
         if request.method == "POST" and request.url.path.endswith("/vectors"):
-            self.adds += 1
-            if self.adds == 3:
+            self.adds += not answered
+            if self.adds == 3 and answered == self.answered:
                 raise self.stop
 
 
 class _SyncStop(_StopAtThirdAdd, httpx.HTTPTransport):
-    def __init__(self, stop):
-        _StopAtThirdAdd.__init__(self, stop)
+    def __init__(self, stop, answered=False):
+        _StopAtThirdAdd.__init__(self, stop, answered)
         httpx.HTTPTransport.__init__(self)
 
     def handle_request(self, request):
-        self.before(request)
-        return super().handle_request(request)
+        self.check(request, False)
+        response = super().handle_request(request)
+        response.read()
+        self.check(request, True)
+        return response
 
 
 class _AsyncStop(_StopAtThirdAdd, httpx.AsyncHTTPTransport):
-    def __init__(self, stop):
-        _StopAtThirdAdd.__init__(self, stop)
+    def __init__(self, stop, answered=False):
+        _StopAtThirdAdd.__init__(self, stop, answered)
         httpx.AsyncHTTPTransport.__init__(self)
 
     async def handle_async_request(self, request):
-        self.before(request)
-        return await super().handle_async_request(request)
+        self.check(request, False)
+        response = await super().handle_async_request(request)
+        await response.aread()
+        self.check(request, True)
+        return response
 
 
 @both_clients
@@ -172,3 +179,26 @@ def test_an_add_stopped_between_batches_says_which_rows_were_added(server, clien
         rest = [i for i in range(1, 100) if i not in set(err.value.added_ids)]
     with client_cls(url, api_key=WKEY, batch_size=30) as vb:
         assert vb.add(name, X[rest], ids=rest)["ids"] == rest and vb.get_index(name)["count"] == 100
+
+
+@both_clients
+def test_an_add_stopped_while_its_answer_was_read_says_that_batch_may_be_in(server, client_cls, client_kind):
+    """A Ctrl-C (a cancel) that lands once the server has added a batch, while its answer is read: the note said
+    "the rest were not" added, and the server holds them; it was written into the exception's text as " (60 rows
+    ...)" (a bare KeyboardInterrupt has none). The exception keeps its own text and args, carries ``added_ids``
+    (the batches answered) and a note naming the batch in flight, which may be added: here it is."""
+    url, _, _ = server
+    X, name = _rows(100, 4), f"inflight-{client_kind}"
+    stop, transport = ((KeyboardInterrupt(), _SyncStop) if client_kind == "sync" else
+                       (asyncio.CancelledError(), _AsyncStop))
+    with client_cls(url, api_key=WKEY, batch_size=30, transport=transport(stop, answered=True)) as vb:
+        vb.create_index(name, "a", X[:1], ids=[0])
+        with pytest.raises(type(stop)) as err:
+            vb.add(name, X[1:], ids=list(range(1, 100)))
+        assert err.value is stop and err.value.args == () and str(err.value) == "", err.value.args
+        assert err.value.added_ids == list(range(1, 61))
+        notes = getattr(err.value, "__notes__", [])
+        assert len(notes) == 1 and "60 rows of the earlier batches were added" in notes[0], notes
+        assert "the batch in flight (its rows from row 60 of the call's input) may have been added" in notes[0], notes
+        assert "the rest were not" not in notes[0]
+        assert vb.get_index(name)["count"] == 91  # it was: adding rows 60-89 again would be a 409
