@@ -256,32 +256,53 @@ def checkpoint_status(checkpoint) -> dict:
     """What a checkpoint file says: rows done of total, last id, finished, ``state`` (running, stopped,
     interrupted or finished), the rate of the last run (its rows over its own time, not the time between runs) and,
     while it runs, the ETA at that rate (None once stopped: nothing is moving). ``holder``: the process the run
-    records as writing it (pid, host, start time); a run that recorded no stop but whose process is gone (kill -9,
-    an OOM kill) is ``interrupted``, ``why`` saying so ("process N is gone"; it read "running" for ever), and
-    ``resume`` is the command that resumes it (None once finished). The keep set it was given (``migrate --keep-ids``, ``keep``), which a resume must give
-    again: ``keep_rows`` (0: none), ``kept`` (rows written with their own vectors so far; None without a set) and
+    records as writing it (pid, host, start time); a run that recorded no stop but is gone (kill -9, an OOM kill:
+    the lock it held is free, :func:`_judged`) is ``interrupted``, ``why`` saying so ("process N is gone"; it read
+    "running" for ever), and ``resume`` is the command that resumes it (None once finished). The keep set it was
+    given (``migrate --keep-ids``, ``keep``), which a resume must give again: ``keep_rows`` (0: none), ``kept``
+    (rows written with their own vectors so far; None without a set) and
     ``keep_digest`` (its first 12 hex digits, as a refused resume names it; None without a set)."""
-    state = FileCheckpoint(checkpoint).load()
+    ckpt = FileCheckpoint(checkpoint)
+    state = ckpt.load()
     if state is None:
         raise InputError(f"no checkpoint at {checkpoint} (nothing started, or another --checkpoint)")
+    state, now, why = _judged(ckpt, state)
     done, total = int(state.get("done", 0)), int(state.get("total", 0))
     started, updated = state.get("run_started_at") or state.get("started_at"), state.get("updated_at")
     rows = done - int(state.get("run_done_at_start") or 0)  # a checkpoint of 0.x: the runs together, as before
     rate = rows / (updated - started) if started and updated and updated > started else None
-    now = "finished" if state.get("finished") else "stopped" if state.get("stopped_at") else "running"
-    holder, why = state.get("holder"), None
-    if now == "running" and holder_gone(holder):
-        now, why = "interrupted", f"process {holder['pid']} is gone"
-    elif now == "running" and isinstance(holder, dict) and holder.get("host") != socket.gethostname():
-        why = f"by process {holder.get('pid')} on host {holder.get('host')} (not checked from this host)"
     eta = max(total - done, 0) / rate if now == "running" and rate else None
     return {"checkpoint": str(checkpoint), "source": state.get("source"), "target": state.get("target"),
             "done": done, "total": total, "fraction": round(done / total, 4) if total else 1.0,
             "batches": int(state.get("batches", 0)), "last_id": state.get("last_id"),
             "finished": bool(state.get("finished")), "state": now, "fields": state.get("fields", []),
             "rows_per_s": None if rate is None else round(rate, 1), "eta_s": None if eta is None else round(eta, 1),
-            "updated_at": updated or state.get("finished_at"), "holder": holder, "why": why,
+            "updated_at": updated or state.get("finished_at"), "holder": state.get("holder"), "why": why,
             "resume": None if state.get("finished") else _resume_command(state, checkpoint), **_keep_status(state)}
+
+
+def _state_word(state: dict) -> str:
+    return "finished" if state.get("finished") else "stopped" if state.get("stopped_at") else "running"
+
+
+def _judged(ckpt: FileCheckpoint, state: dict) -> tuple[dict, str, str | None]:
+    """``(state, state word, why)`` of :func:`checkpoint_status`. A run that recorded no end is judged by the lock it
+    holds (:func:`~service.vectordb.holder.holder_gone`): its pid was judged alone, so a live run in another pid
+    namespace on this host name (a container of the same pod) read "interrupted (process N is gone)". Found gone,
+    the checkpoint is read again: a run that ended meanwhile recorded its end, one that started meanwhile its
+    holder."""
+    holder = state.get("holder")
+    if _state_word(state) != "running":
+        return state, _state_word(state), None
+    gone = holder_gone(holder, ckpt.lock_held())
+    if gone:
+        again = ckpt.load() or state
+        if again.get("holder") != holder or _state_word(again) != "running":
+            return again, _state_word(again), None
+        return state, "interrupted", f"process {holder['pid']} is gone"
+    if gone is None and isinstance(holder, dict) and holder.get("host") != socket.gethostname():
+        return state, "running", f"process {holder.get('pid')} on host {holder.get('host')}, not checked from here"
+    return state, "running", None
 
 
 def _resume_command(state: dict, checkpoint) -> str:

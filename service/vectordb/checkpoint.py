@@ -19,6 +19,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import time
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
@@ -28,6 +29,10 @@ from ..storage import atomic_write, still_linked
 from .base import CheckpointMismatchError, MigrationRunningError, check_name
 
 __all__ = ["Checkpoint", "FileCheckpoint", "PgCheckpoint", "MemoryCheckpoint"]
+
+#: seconds a run starting while another process probes its lock (:meth:`FileCheckpoint.lock_held`: a status read)
+#: tries again before it is refused: a probe lets the lock go at once, a run holds it for its whole length
+PROBE_GRACE_S = 0.5
 
 
 class Checkpoint:
@@ -95,7 +100,7 @@ class FileCheckpoint(Checkpoint):
         The run removes the file as it ends, still holding its lock (each migration left an empty ``.lock`` beside
         its checkpoint for ever). A run that opened the file before that removal and locks it after holds a file no
         longer at the path: it lets it go and locks the one there now, so two runs never hold the lock at once."""
-        path = self.path.with_name(self.path.name + ".lock")
+        path = self.lock_path
         path.parent.mkdir(parents=True, exist_ok=True)
         fd = self._take(path)
         try:
@@ -113,7 +118,9 @@ class FileCheckpoint(Checkpoint):
 
     def _take(self, path: Path) -> int:
         """A descriptor holding the ``flock`` of the file at ``path`` (made if missing); MigrationRunningError when
-        another run holds it."""
+        another run holds it. Held for a moment only (:data:`PROBE_GRACE_S`: a status read's probe), it is asked
+        again: a run started as ``--status`` looked was refused as if another run wrote, naming a dead one's pid."""
+        deadline = time.monotonic() + PROBE_GRACE_S
         while True:
             fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
             try:
@@ -123,6 +130,9 @@ class FileCheckpoint(Checkpoint):
             except BlockingIOError:
                 holder = os.read(fd, 64).decode(errors="replace").strip() or "?"
                 os.close(fd)
+                if time.monotonic() < deadline:
+                    time.sleep(0.01)
+                    continue
                 raise MigrationRunningError(f"another run of this migration is writing now (pid {holder}, "
                                             f"checkpoint {self.path}); wait for it, or stop it and run again "
                                             "to resume") from None
@@ -130,6 +140,32 @@ class FileCheckpoint(Checkpoint):
                 os.close(fd)
                 raise
             os.close(fd)  # the run that held it ended and removed it after we opened it: take the one there now
+
+    @property
+    def lock_path(self) -> Path:
+        """``<checkpoint>.lock``: the file whose ``flock`` a run holds (:meth:`lock`)."""
+        return self.path.with_name(self.path.name + ".lock")
+
+    def lock_held(self) -> bool | None:
+        """Whether a run holds :meth:`lock` now: True held, False free, None no lock file (a run removes it as it
+        ends; one killed leaves it, free) or none that can be opened. The kernel's answer, so a run in another pid
+        namespace (another container of the pod, ``unshare``) counts as one here, where its pid means nothing; on a
+        shared file system that carries ``flock`` (NFS), a run of another host too. A shared, non-blocking
+        ``flock`` let go at once: the probe never waits, two probes never see each other, and a run starting
+        meanwhile asks again (:meth:`_take`)."""
+        try:
+            fd = os.open(self.lock_path, os.O_RDONLY)
+        except OSError:
+            return None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        except OSError:  # a file system without flock
+            return None
+        finally:
+            os.close(fd)  # drops a lock taken
+        return False
 
     def clear(self):
         self.path.unlink(missing_ok=True)

@@ -1,11 +1,14 @@
-"""Who runs a migration: the process a checkpoint records as writing it, and whether that process is still there.
+"""Who runs a migration: the process a checkpoint records as writing it, and whether that run is still there.
 
 A run records ``holder`` in its checkpoint as it starts (:func:`this_process`): the pid, the host name and the
 process's start time (Linux: ``/proc/<pid>/stat`` field 22, clock ticks since boot; None elsewhere). A run stopped
 by a signal it handles, or failed, records ``stopped_at``; one killed without a word (``kill -9``, an OOM kill, a
-host that lost power) records nothing, and its checkpoint said "running" for ever. :func:`holder_gone` tells: on the
-holder's host, a pid with no process, or one whose start time is not the recorded one (the pid was reused), is gone.
-On another host nothing can be told (None).
+host that lost power) records nothing, and its checkpoint said "running" for ever. :func:`holder_gone` tells, from
+the lock the run holds (:meth:`~service.vectordb.checkpoint.FileCheckpoint.lock_held`): held, it runs (whatever
+its pid namespace: a pid of another container of the pod, or of ``docker run --network host`` with the host's
+name, means nothing here); free, on the holder's host, it is gone. Without a lock file to ask, on the holder's
+host a pid with no process, or one whose start time is not the recorded one (the pid was reused), is gone. On
+another host a free lock proves nothing (its file system may not share ``flock``): None.
 """
 
 from __future__ import annotations
@@ -42,13 +45,18 @@ def this_process() -> dict:
     return {"pid": pid, "host": socket.gethostname(), "started": _started(pid)}
 
 
-def holder_gone(holder) -> bool | None:
-    """True when the process ``holder`` (:func:`this_process` of the run) no longer runs, False when it does, None
-    when it cannot be told (another host, or no holder recorded: a checkpoint of an older vecbridge)."""
+def holder_gone(holder, lock_held: bool | None = None) -> bool | None:
+    """True when the run ``holder`` (:func:`this_process` of the run) no longer runs, False when it does, None
+    when it cannot be told (another host, or no holder recorded: a checkpoint of an older vecbridge).
+    ``lock_held``: what a probe of the run's lock said (None: no lock file to ask), which alone judges it."""
+    if lock_held:
+        return False
     if not isinstance(holder, dict) or not isinstance(holder.get("pid"), int):
         return None
     if holder.get("host") != socket.gethostname():
         return None
+    if lock_held is False:
+        return True
     pid = holder["pid"]
     try:
         os.kill(pid, 0)

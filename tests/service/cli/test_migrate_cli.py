@@ -9,6 +9,7 @@ target give one clear line naming the real option; --status reads the checkpoint
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -441,3 +442,55 @@ def test_a_migration_killed_with_sigkill_reads_interrupted_with_its_resume_comma
     rep = json.loads(again.stdout.strip().splitlines()[-1])
     assert again.returncode == 0 and rep["rows"] == N and rep["resumed_from"] == st["last_id"], again.stderr
     assert json.loads(vb(data, *common, "--status", "--json").stdout)["state"] == "finished"
+
+
+def _unshare_ok() -> bool:
+    """Whether this machine lets a test start a process in a new pid namespace (root, or user namespaces)."""
+    try:
+        done = subprocess.run(["unshare", "-pf", "--mount-proc", "true"], capture_output=True, check=False)
+        return done.returncode == 0
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not _unshare_ok(), reason="no `unshare -pf` here (needs root or user namespaces)")
+def test_a_live_run_in_another_pid_namespace_reads_running_and_once_killed_interrupted(world, vb):
+    """A run in another pid namespace on this host name (containers of one pod, ``docker run --network host``)
+    records a pid that means nothing here: ``--status`` judged it by that pid and said "interrupted (process 1 is
+    gone)" while it ran. The lock the run holds tells, across namespaces: held, it runs; free, it is gone. The
+    status's probe takes nothing from the run, which goes on to its next batch."""
+    data = world["data"]
+    common = ["migrate", "--store", world["store"], "--source", "docs_a", "--target", "docs_ns", "--map", "a2b@prod"]
+    child = subprocess.Popen(["unshare", "-pf", "--mount-proc", *_CLI, "--data-dir", str(data), *common,
+                              "--batch-size", "20", "--pause", "1.0", "--json"],
+                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        first = json.loads(child.stdout.readline())  # a batch is written and checkpointed
+        live = json.loads(vb(data, *common, "--status", "--json").stdout)
+        assert live["state"] == "running" and live["why"] is None and live["eta_s"] is not None, live
+        assert live["holder"]["pid"] != child.pid, live  # its own namespace's pid (1), none of this one's
+        assert json.loads(child.stdout.readline())["done"] > first["done"]  # the probe left the run its lock
+        with open(f"/proc/{child.pid}/task/{child.pid}/children") as f:  # unshare's child: the run (pid 1 there)
+            run_pid = int(f.read().split()[0])
+        os.kill(run_pid, signal.SIGKILL)  # kill -9 the run itself; unshare reaps it, then exits
+    finally:
+        child.kill()
+        child.communicate(timeout=60)
+    st = json.loads(vb(data, *common, "--status", "--json").stdout)
+    assert st["state"] == "interrupted" and st["why"] == f"process {live['holder']['pid']} is gone", st
+
+
+def test_a_run_on_another_host_is_named_not_judged_in_one_plain_clause(world, vb, tmp_path):
+    """A run recorded by another host cannot be judged from this one (its lock may live on a file system that does
+    not share ``flock``: free here proves nothing), so it stays ``running``, named; the line read "running (by
+    process N on host H (not checked from this host))", parentheses in parentheses."""
+    ck = tmp_path / "far.json"
+    ck.write_text(json.dumps({"source": "docs_a", "target": "docs_far", "map": "a2b:1", "map_fingerprint": "f",
+                              "last_id": 98, "first_id": 3, "done": 20, "total": N, "batches": 1, "finished": False,
+                              "holder": {"pid": 4242, "host": "replica-2.invalid", "started": 1}}))
+    (tmp_path / "far.json.lock").write_text("4242")  # left unlocked, as seen from here
+    common = ["migrate", "--source", "docs_a", "--target", "docs_far", "--map", "a2b@prod", "--checkpoint", ck]
+    st = json.loads(vb(world["data"], *common, "--status", "--json").stdout)
+    assert st["state"] == "running" and st["why"] == "process 4242 on host replica-2.invalid, not checked from here"
+    line = vb(world["data"], *common, "--status").stdout
+    assert "not finished, running (process 4242 on host replica-2.invalid, not checked from here)" in line, line

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import fcntl
 import os
+import sys
 import threading
+import time
 
 import pytest
 from _vectordb_servers import small_migration
@@ -86,3 +88,36 @@ def test_a_run_that_opened_the_lock_file_its_holder_then_removed_never_runs_besi
         thread.join(10)
         assert isinstance(outcome.get("late"), MigrationRunningError), outcome
     assert not (tmp_path / "m.json.lock").exists()
+
+
+def test_a_status_probe_tells_a_held_lock_from_a_free_one_and_never_makes_a_run_refused(tmp_path):
+    """``migrate --status`` asks the run's lock (its pid means nothing from another pid namespace): held, free
+    (a killed run leaves its file, unlocked), or no file. The probe never waits, and a run that starts while a
+    probe holds the lock for its moment is not refused as if another run wrote: 300 runs start while status
+    probes go on without a pause in another thread, and every one gets the lock."""
+    ck = FileCheckpoint(tmp_path / "m.json")
+    assert ck.lock_held() is None  # no lock file: no run started, or it ended
+    with ck.lock():
+        assert FileCheckpoint(tmp_path / "m.json").lock_held() is True  # at once: a blocking probe would hang
+    (tmp_path / "m.json.lock").write_text("12345")  # what a run killed with kill -9 leaves
+    assert ck.lock_held() is False
+
+    stop, seen = threading.Event(), set()
+
+    def probe():
+        while not stop.is_set():
+            seen.add(FileCheckpoint(tmp_path / "m.json").lock_held())
+
+    thread = threading.Thread(target=probe)
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # the threads take turns often: the runs start while a probe holds the lock
+    thread.start()
+    try:
+        for _ in range(300):
+            with FileCheckpoint(tmp_path / "m.json").lock():
+                time.sleep(0.001)  # the probing thread runs meanwhile (it has the GIL)
+    finally:
+        stop.set()
+        thread.join(10)
+        sys.setswitchinterval(switch)
+    assert True in seen  # the probes did meet the runs' lock
