@@ -123,8 +123,10 @@ class MigrationStatus(BaseModel):
         "ticks since boot); null in a checkpoint of an older vecbridge."))
     why: str | None = Field(None, description="What `state` rests on: `process N is gone` (interrupted), or a run "
                                               "on another host that cannot be checked from this one.")
-    resume: str | None = Field(None, description="The `vecbridge migrate` command that resumes it (`STORE`: the "
-                                                 "same vector database); null once finished.")
+    resume: str | None = Field(None, description="The `vecbridge migrate` command that resumes it, with the options "
+                                                 "its run recorded (`--alias`, `--index`, field names, spaces, "
+                                                 "`--data-dir`; `STORE`: the same vector database); null once "
+                                                 "finished.")
     fields: list[str] | None = None
     rows_per_s: float | None = Field(None, description="Rows per second of the last run (its own rows and time).")
     eta_s: float | None = Field(None, description="Seconds left at that rate while it runs; null once stopped.")

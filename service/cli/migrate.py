@@ -87,7 +87,7 @@ def migrate(obj: Ctx, store, text_field, vector_field, id_field, source, target,
                             batch_size=batch_size, overwrite=overwrite, pause=pause, index=index, id_field=id_field,
                             vector_field=vector_field, text_field=text_field, source_space=source_space,
                             target_space=target_space, progress=progress, dry_run=dry_run, keep_ids=keep_ids,
-                            keep_vectors=keep_vectors)
+                            keep_vectors=keep_vectors, data_dir=obj.settings.data_dir)
     except MigrationInterrupted as exc:
         progress.close()
         word, code = stopped_by(exc)  # 128 + the signal, as every other command exits (143 SIGTERM)

@@ -183,7 +183,7 @@ def run_migration(*, store_url: str, source: str, target: str, map_ref, checkpoi
                   text_field: str | None = None, source_space: str | None = None, target_space: str | None = None,
                   progress: Callable[[MigrationProgress], None] | None = None, api_key: str | None = None,
                   ca_file=None, dry_run: bool = False, space_option: str = "--source-space", keep_ids=None,
-                  keep_vectors=None, cancelled: Callable[[], bool] | None = None) -> MigrationReport:
+                  keep_vectors=None, cancelled: Callable[[], bool] | None = None, data_dir=None) -> MigrationReport:
     """Migrate ``source`` into ``target`` through ``map_ref`` (artifact path or registry ref), resumably.
 
     ``checkpoint``: a JSON file path (run the same call again to resume). ``pause``: seconds to
@@ -196,11 +196,16 @@ def run_migration(*, store_url: str, source: str, target: str, map_ref, checkpoi
     :func:`service.vectordb.migrate`). ``cancelled``: a stop asked from outside (a server job's cancel), polled
     after each batch as a signal is, and while the target's index builds (every :data:`CANCEL_POLL_S`), which it
     cancels as a signal does (:meth:`~service.vectordb.base.VectorStore.interrupt`): MigrationInterrupted.
+    ``data_dir``: the registry's (the face's setting), recorded with the options a resume must give again
+    (:func:`checkpoint_status`'s ``resume``; never the store's URL or key).
     """
     if pause < 0:
         raise InputError(f"pause must be >= 0, got {pause}")
     keep_ids, keep_vectors = read_keep(keep_ids, keep_vectors, "keeping re-embedded rows")
-    ckpt = FileCheckpoint(checkpoint)
+    ckpt = FileCheckpoint(checkpoint, options={
+        "alias": alias, "index": index, "id_field": id_field, "vector_field": vector_field, "text_field": text_field,
+        "source_space": source_space, "target_space": target_space,
+        "data_dir": None if data_dir is None else str(Path(data_dir).resolve())})
     store = open_store_for(store_url, index=index or "like", id_field=id_field, vector_field=vector_field,
                            text_field=text_field, api_key=api_key, ca_file=ca_file)
 
@@ -258,9 +263,9 @@ def checkpoint_status(checkpoint) -> dict:
     while it runs, the ETA at that rate (None once stopped: nothing is moving). ``holder``: the process the run
     records as writing it (pid, host, start time); a run that recorded no stop but is gone (kill -9, an OOM kill:
     the lock it held is free, :func:`_judged`) is ``interrupted``, ``why`` saying so ("process N is gone"; it read
-    "running" for ever), and ``resume`` is the command that resumes it (None once finished). The keep set it was
-    given (``migrate --keep-ids``, ``keep``), which a resume must give again: ``keep_rows`` (0: none), ``kept``
-    (rows written with their own vectors so far; None without a set) and
+    "running" for ever), and ``resume`` is the command that resumes it with the options the run recorded (None once
+    finished). The keep set it was given (``migrate --keep-ids``, ``keep``), which a resume must give again:
+    ``keep_rows`` (0: none), ``kept`` (rows written with their own vectors so far; None without a set) and
     ``keep_digest`` (its first 12 hex digits, as a refused resume names it; None without a set)."""
     ckpt = FileCheckpoint(checkpoint)
     state = ckpt.load()
@@ -305,13 +310,23 @@ def _judged(ckpt: FileCheckpoint, state: dict) -> tuple[dict, str, str | None]:
     return state, "running", None
 
 
+#: the options of ``vecbridge migrate`` a run records (:func:`run_migration`) that a resume must give again: a
+#: killed ``--alias docs`` run resumed by the command without it finished and never switched the alias
+RESUME_OPTIONS = {"alias": "--alias", "index": "--index", "id_field": "--id-field", "vector_field": "--vector-field",
+                  "text_field": "--text-field", "source_space": "--source-space", "target_space": "--target-space"}
+
+
 def _resume_command(state: dict, checkpoint) -> str:
     """The ``vecbridge migrate`` command that resumes the migration a checkpoint records (HTTP runs too: the
-    CLI resumes their checkpoints); the store is the one it ran on (not recorded: its URL may hold a password)."""
+    CLI resumes their checkpoints), with the options the run recorded; the store is the one it ran on (``STORE``:
+    not recorded, its URL may hold a password), a keep set the same files (``IDS``, ``VECTORS``)."""
+    opts = state.get("options") or {}
+    words = ["vecbridge", *(["--data-dir", str(opts["data_dir"])] if opts.get("data_dir") else []), "migrate",
+             "--store", "STORE", "--source", str(state.get("source")), "--target", str(state.get("target")),
+             "--map", str(state.get("map") or "MAP"), "--checkpoint", str(checkpoint)]
+    words += [w for key, flag in RESUME_OPTIONS.items() if opts.get(key) is not None for w in (flag, str(opts[key]))]
     keep = " --keep-ids IDS --keep-vectors VECTORS" if state.get("keep_digest") else ""
-    return (f"vecbridge migrate --store STORE --source {shlex.quote(str(state.get('source')))} --target "
-            f"{shlex.quote(str(state.get('target')))} --map {shlex.quote(str(state.get('map') or 'MAP'))} "
-            f"--checkpoint {shlex.quote(str(checkpoint))}{keep}")
+    return shlex.join(words) + keep
 
 
 def _keep_status(state: dict) -> dict:

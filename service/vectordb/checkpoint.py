@@ -69,10 +69,13 @@ class MemoryCheckpoint(Checkpoint):
 
 
 class FileCheckpoint(Checkpoint):
-    """A JSON file replaced atomically (write a temporary file, fsync, rename)."""
+    """A JSON file replaced atomically (write a temporary file, fsync, rename). ``options``: what the run was given
+    that a resume must give again (``--alias``, ``--index``, the field names ...: ``migrate --status`` prints the
+    command), saved as ``options`` with each state; None leaves the state's own."""
 
-    def __init__(self, path):
+    def __init__(self, path, *, options: dict | None = None):
         self.path = Path(path)
+        self.options = options
         if self.path.is_dir():
             raise InputError(f"checkpoint {self.path} is a directory; give a file path, e.g. {self.path / 'run.json'}")
         if self.path.exists() and not self.path.is_file():
@@ -91,6 +94,8 @@ class FileCheckpoint(Checkpoint):
         return state
 
     def save(self, state):
+        if self.options is not None:
+            state = {**state, "options": self.options}
         atomic_write(self.path, json.dumps(state, sort_keys=True))
 
     @contextmanager

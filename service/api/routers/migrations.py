@@ -84,7 +84,8 @@ def create_migration(body: bytes, request, state, settings):
                             text_field=opts.text_field, source_space=opts.source_space,
                             target_space=opts.target_space, progress=progress, api_key=settings.vectordb_api_key,
                             ca_file=settings.vectordb_ca_file, dry_run=opts.dry_run, space_option="source_space",
-                            keep_ids=keep_ids, keep_vectors=keep_vectors, cancelled=ctx.cancel_asked)
+                            keep_ids=keep_ids, keep_vectors=keep_vectors, cancelled=ctx.cancel_asked,
+                            data_dir=settings.data_dir)
         return {"map": ref, "checkpoint": str(checkpoint), "report": rep.to_dict()}
 
     what = "dry run of a migration" if opts.dry_run else "migrate"

@@ -431,7 +431,8 @@ def test_a_migration_killed_with_sigkill_reads_interrupted_with_its_resume_comma
     assert p.returncode == 0 and st["state"] == "interrupted" and st["eta_s"] is None, st
     assert st["why"] == f"process {child.pid} is gone" and 0 < st["done"] < N, st
     line = vb(data, *common, "--status").stdout
-    assert f"not finished, interrupted (process {child.pid} is gone)" in line and "resume: vecbridge migrate" in line
+    assert f"not finished, interrupted (process {child.pid} is gone)" in line
+    assert "resume: vecbridge --data-dir " in line, line
     with TestClient(create_app(settings_for(world["dir"], data_dir=data))) as c:
         rows = {d["name"]: d for d in c.get("/v1/migrations", headers=R).json()["data"]}
     row = rows["docs_a-to-docs_k9"]
@@ -478,6 +479,44 @@ def test_a_live_run_in_another_pid_namespace_reads_running_and_once_killed_inter
         child.communicate(timeout=60)
     st = json.loads(vb(data, *common, "--status", "--json").stdout)
     assert st["state"] == "interrupted" and st["why"] == f"process {live['holder']['pid']} is gone", st
+
+
+def test_the_resume_command_of_a_killed_alias_run_keeps_its_options_and_switches_the_alias(world, vb, capsys,
+                                                                                             monkeypatch, tmp_path):
+    """The printed resume command left out what the run was given (``--alias``, ``--index``, the field names, the
+    spaces, ``--data-dir``): a killed ``--alias`` run resumed by it finished (``--status``: finished) and the alias
+    never moved. The run records them in its checkpoint (the store's URL never: ``STORE``), and the command, run as
+    printed from another directory, finishes the run and switches the alias."""
+    import shlex
+
+    from service.cli import main
+
+    data = world["data"]
+    common = ["migrate", "--store", world["store"], "--source", "docs_a", "--target", "docs_k9a", "--map", "a2b@prod"]
+    child = subprocess.Popen([*_CLI, "--data-dir", str(data), *common, "--alias", "docs_live9", "--target-space", "spb",
+                              "--batch-size", "20", "--pause", "1.0", "--json"],
+                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert "done" in json.loads(child.stdout.readline() or "{}")  # a batch is written and checkpointed
+    finally:
+        child.kill()
+        err = child.communicate(timeout=60)[1]
+    assert "Traceback" not in err, err
+    line = vb(data, *common, "--status").stdout.strip()
+    assert "not finished, interrupted" in line and "; resume: " in line, line
+    command = line.split("; resume: ", 1)[1]
+    assert "--store STORE " in command and "qdrant:" not in command, command
+    argv = shlex.split(command.replace("--store STORE", "--store " + shlex.quote(world["store"])))
+    assert argv[0] == "vecbridge" and argv[argv.index("--alias") + 1] == "docs_live9", argv
+    assert argv[argv.index("--target-space") + 1] == "spb" and argv[1:3] == ["--data-dir", str(data.resolve())], argv
+    monkeypatch.chdir(tmp_path)  # ./var here is no registry: the command names the run's data dir
+    capsys.readouterr()
+    rc = main([*argv[1:], "--json"])
+    out = capsys.readouterr()
+    rep = json.loads(out.out.strip().splitlines()[-1])
+    assert rc == 0 and rep["rows"] == N and rep["resumed_from"] is not None and rep["alias"] == "docs_live9", out.err
+    with _open(world) as s:
+        assert s.resolve_alias("docs_live9") == "docs_k9a"
 
 
 def test_a_run_on_another_host_is_named_not_judged_in_one_plain_clause(world, vb, tmp_path):
