@@ -513,6 +513,9 @@ def test_plan_curve_fit_keeps_a_ceiling_below_1_only_where_the_points_call_for_i
                   for _ in range(80)]
     assert abs(np.median(saturating) - 0.6) <= 0.02
     assert np.mean(np.abs(np.array(saturating) - 0.6) < 0.1) >= 0.75
+    # a curve that jumps and then stays flat (a planted task's ridge points) is its plateau, not a rise to 1
+    r, c, b, _ = fit_learning_curve(np.array([20, 33, 54, 90, 150.0]), np.array([0.545, 0.918, 0.89, 0.868, 0.897]))
+    assert r < 0.95 and abs((r - c * 1000.0**-b) - 0.89) < 0.03
 
 def test_fit_reports_progress_per_contrastive_epoch_and_stops_when_progress_raises():
     from align.exceptions import Cancelled
