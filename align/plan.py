@@ -107,7 +107,7 @@ EXTRAPOLATED_NOTE = ("the forecasts past the {top} pairs the curve is fitted on 
                      "none of the held-out texts, while the rows you re-embed from the corpus hold some documents your "
                      "queries look for, which the map then finds (WordNet minilm->e5, K = 1,000-3,000: the plan's own "
                      "rows mapped measured up to 0.13 above the forecast); 'kept' forecasts the migration that keeps "
-                     "those rows' own vectors (transform --keep-rows; within 0.05 of it in 39 of 48 cells there): "
+                     "those rows' own vectors (transform --keep-rows; within 0.05 of it in 42 of 48 cells there): "
                      "read them as rough and gate the fitted map")
 #: nn_retention's native side searches the native rows among mapped rows of the old corpus (their native vectors are
 #: unknown). WordNet minilm->paraphrase-L3, ridge from 10,000 pairs: 1.06-1.23, where native recall against those
