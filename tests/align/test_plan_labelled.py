@@ -17,9 +17,16 @@ def _task(seed=0, n=6000, d=32, q=150, probe=600):
     X = (C[rng.integers(0, 60, n)] + rng.normal(size=(n, d))).astype(np.float32)
     R = np.linalg.qr(rng.normal(size=(d, d)))[0]
     Y = (np.tanh(X / 2) @ R + 0.3 * rng.normal(size=(n, d))).astype(np.float32)
+    return _labelled(X, Y, rng, q, probe, 0.8)
+
+
+def _labelled(X, Y, rng, q, probe, noise):
+    """``q`` queries near their documents (``noise`` in each model) and a probe of ``probe`` rows holding them: the
+    tuple ``_task`` returns."""
+    n, d = X.shape
     rel = rng.choice(n, q, replace=False)
-    Qn = (Y[rel] + 0.8 * rng.normal(size=(q, d))).astype(np.float32)
-    Qo = (X[rel] + 0.8 * rng.normal(size=(q, d))).astype(np.float32)
+    Qn = (Y[rel] + noise * rng.normal(size=(q, d))).astype(np.float32)
+    Qo = (X[rel] + noise * rng.normal(size=(q, d))).astype(np.float32)
     others = rng.choice(np.setdiff1d(np.arange(n), rel), probe - q, replace=False)
     rows = np.sort(np.concatenate([rel, others]))
     return X, Y, Qn, Qo, rel, rows, np.searchsorted(rows, rel)
@@ -292,12 +299,7 @@ def _shrinkable_task(seed=0, n=4000, d=32, q=150, probe=600):
     C[:, :8] = 3 * rng.normal(size=(40, 8))
     X = (C[rng.integers(0, 40, n)] + 0.3 * rng.normal(size=(n, d))).astype(np.float32)
     Y = (X @ np.linalg.qr(rng.normal(size=(d, d)))[0] + 0.02 * rng.normal(size=(n, d))).astype(np.float32)
-    rel = rng.choice(n, q, replace=False)
-    Qn = (Y[rel] + 0.5 * rng.normal(size=(q, d))).astype(np.float32)
-    Qo = (X[rel] + 0.5 * rng.normal(size=(q, d))).astype(np.float32)
-    others = rng.choice(np.setdiff1d(np.arange(n), rel), probe - q, replace=False)
-    rows = np.sort(np.concatenate([rel, others]))
-    return X, Y, Qn, Qo, rel, rows, np.searchsorted(rows, rel)
+    return _labelled(X, Y, rng, q, probe, 0.5)
 
 
 def test_the_ridge_curve_forecasts_the_map_fit_migration_fits_not_a_fixed_alpha():
