@@ -11,7 +11,8 @@ to maps (spaces, paths between spaces, verification, bundles). Write path of
 A crash before the commit leaves the old state (plus, at worst, an unreferenced artifact or a
 temporary file); after the commit, the new state. ``FAULT_HOOK`` is called with the name of each
 step (``artifact_tmp_written``, ``artifact_renamed``, ``artifact_stored``, ``version_allocated``,
-``version_inserted``, ``committed``) so tests can stop a writer exactly there.
+``version_inserted``, ``committed``) so tests can stop a writer exactly there (and ``artifacts_sampled``: a
+look at whether the artifact folder is the registry's, ``elsewhere.py``).
 
 Imports point one way: ``core`` -> ``steers``, ``verify``, ``gc``, ``bundle`` -> ``entity`` -> ``models``, ``names``.
 """

@@ -29,6 +29,7 @@ from align.exceptions import InputError, SerializationError
 
 from ..errors import did_you_mean, listed
 from .cache import LRUCache
+from .elsewhere import VERDICT_S, artifacts_elsewhere
 from .errors import (
     AliasMovedError,
     ArtifactsElsewhereError,
@@ -141,27 +142,6 @@ KINDS = {"maps": MAPS, "steers": STEERS}
 def collected(v) -> str:
     """What a message about deleted version ``v`` adds when ``registry gc`` removed its files."""
     return f" and its files collected (`vecbridge registry gc`, {v.collected_at[:19]})" if v.collected_at else ""
-
-
-#: how many of the newest live versions' files :func:`artifacts_elsewhere` looks for
-ARTIFACT_SAMPLE = 8
-
-
-def artifacts_elsewhere(db, store, sample: int = ARTIFACT_SAMPLE) -> str | None:
-    """Why this artifact folder is not the registry's, or None: half or more of the ``sample`` newest live versions'
-    files (maps and steers) are not in it (one ``stat`` each). A replica with a data dir of its own on a shared
-    PostgreSQL registry: every version another replica wrote is missing here. One lost file is not this."""
-    with db.tx() as t:
-        rows = t.q(" UNION ALL ".join(f"SELECT artifact_path, created_at FROM {k.table} WHERE deleted = 0 AND "
-                                      "collected_at IS NULL" for k in KINDS.values())
-                   + f" ORDER BY created_at DESC LIMIT {int(sample)}")
-    missing = [r["artifact_path"] for r in rows if store.size(r["artifact_path"]) is None]
-    if not rows or 2 * len(missing) < len(rows):
-        return None
-    return (f"this data dir does not hold the registry's artifacts ({len(missing)} of the {len(rows)} newest "
-            f"versions' files are not in {store.root}): replicas of one registry must share its artifact folder "
-            "(VECBRIDGE_ARTIFACT_DIR, default DATA_DIR/artifacts, on storage every replica mounts); if they do, "
-            "files were lost: `vecbridge registry verify` lists them")
 
 
 def artifacts_in_use(db) -> set[str]:
@@ -400,7 +380,8 @@ class VersionedStore:
                 now_v = self.get(v.name, v.version)
                 if now_v.collected_at:
                     raise DeletedVersionError(f"{self.kind.noun} {v.ref} was deleted{collected(now_v)}") from None
-                if self.store.size(v.artifact_path) is None and (why := artifacts_elsewhere(self.db, self.store)):
+                gone = self.store.size(v.artifact_path) is None  # the verdict is kept: not a query per transform
+                if gone and (why := artifacts_elsewhere(self.db, self.store, max_age=VERDICT_S)):
                     raise ArtifactsElsewhereError(f"{exc}; {why}") from None
                 raise
 

@@ -44,6 +44,7 @@ class ArtifactStore:
         self.root.mkdir(parents=True, exist_ok=True)
         (self.root / "tmp").mkdir(exist_ok=True)
         self._hook = hook or (lambda point: None)
+        self.elsewhere_seen: tuple[float, str | None] | None = None  # (monotonic time, verdict): elsewhere.py
 
     def relpath_for(self, sha: str, ext: str) -> str:
         return f"{sha[:2]}/{sha}.{ext}"

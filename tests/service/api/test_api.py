@@ -453,3 +453,19 @@ def test_a_replica_without_the_registrys_artifacts_is_not_ready_and_says_why(tmp
         assert r.status_code == 503 and "retry-after" not in r.headers, r.text
         assert "replicas of one registry must share its artifact folder" in r.json()["error"]["message"]
         assert r.json()["error"]["message"].startswith("artifact ")  # which file, then why
+        assert str(tmp_path) not in ready.text + r.text  # the folder's path: in the log only (no key for /readyz)
+
+
+def test_one_lost_file_of_a_registry_of_two_versions_leaves_the_replicas_ready(tmp_path):
+    """QA 4803: 1 of 2 newest files missing was "half or more": every replica not ready, and that map's 500 a 503
+    "replicas must share ...". Fewer than 3 missing is a lost file: ready, and the integrity error it always was."""
+    with served_world(tmp_path) as (c, app, data):
+        reg = app.state.vb.registry
+        assert len(reg.list_versions("b2c")) + len(reg.list_versions("a2b")) == 2
+        reg.store.path(reg.resolve("b2c:1").artifact_path).unlink()
+        app.state.vb.artifacts_checked = (None, "ok")  # as 30 s later
+        assert c.get("/readyz").json()["checks"]["artifacts"] == "ok"
+        assert c.post("/v1/maps/a2b@prod/transform", json={"vectors": data["X"][:2].tolist()}, headers=R).is_success
+        r = c.post("/v1/maps/b2c:1/transform", json={"vectors": data["Y"][:2].tolist()}, headers=R)
+        assert r.status_code == 500 and r.json()["error"]["type"] == "IntegrityError", r.text
+

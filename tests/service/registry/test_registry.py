@@ -1263,3 +1263,39 @@ def test_a_replica_reading_another_artifact_folder_is_told_apart_from_a_lost_fil
     finally:
         a.close()
         b.close()
+
+
+def test_a_lost_file_of_a_small_registry_stays_an_integrity_error_and_the_verdict_is_kept(registry_url, tmp_path):
+    """QA 4803: "half or more of the newest missing" called one lost file of a registry of one or two live versions a
+    foreign folder (/readyz 503 on every replica, its map's 500 a 503 "replicas must share"); it takes 3 missing now.
+    A transform whose file is missing ran the sample query each time: the verdict is kept for 30 s (VERDICT_S), and
+    the folder's path goes to the log, not into the message."""
+    from service.registry import ArtifactsElsewhereError
+    from service.registry.elsewhere import VERDICT_S, artifacts_elsewhere
+
+    reg = open_registry(registry_url, tmp_path / "artifacts")
+    try:
+        register(reg, seed=0)
+        reg.register_steer("st", align.MeanShift(np.ones(8)), space="a")
+        reg.store.path(reg.get_version("a->b", 1).artifact_path).unlink()  # lost: 1 of the 2 live versions' files
+        assert artifacts_elsewhere(reg.db, reg.store) is None
+        with pytest.raises(IntegrityError, match="missing or unreadable") as e:
+            reg.load_map("a->b:1")
+        assert type(e.value) is IntegrityError, e.value
+        reg.store.path(reg.get_steer("st", 1).artifact_path).unlink()  # 2 of 2: still too few to tell
+        assert artifacts_elsewhere(reg.db, reg.store) is None
+        register(reg, seed=1)
+        reg.store.path(reg.get_version("a->b", 2).artifact_path).unlink()  # 3 of 3: the folder is not the registry's
+        with pytest.raises(IntegrityError) as e:  # within VERDICT_S of the last look: the kept verdict, no query
+            reg.load_map("a->b:2")
+        assert type(e.value) is IntegrityError, e.value
+        why = artifacts_elsewhere(reg.db, reg.store, max_age=VERDICT_S)
+        assert why is None  # the kept one
+        why = artifacts_elsewhere(reg.db, reg.store)  # a fresh look
+        assert why.startswith("this data dir's artifact folder does not hold") and "(3 of the 3 newest" in why
+        assert str(tmp_path) not in why
+        with pytest.raises(ArtifactsElsewhereError) as e:  # the fresh verdict is the one kept now
+            reg.load_map("a->b:1")
+        assert str(tmp_path) not in str(e.value)
+    finally:
+        reg.close()

@@ -1,0 +1,56 @@
+"""Whether this data dir's artifact folder is the registry's: a replica with a data dir of its own on a shared
+PostgreSQL registry reads versions whose files another replica wrote into another folder (QA 4801)."""
+
+from __future__ import annotations
+
+import time
+
+from ..logging import get_logger
+
+_log = get_logger("registry")
+
+#: how many of the newest live versions' files :func:`artifacts_elsewhere` looks for
+ARTIFACT_SAMPLE = 8
+#: fewest files of the sample missing that say "another folder" (fewer are lost files, whatever share they are)
+MIN_MISSING = 3
+#: how long a verdict is reused: by a transform whose file is missing (one query and 8 ``stat``\ s each time
+#: otherwise), and by /readyz (service/api/routers/ops.py)
+VERDICT_S = 30.0
+
+
+def artifacts_elsewhere(db, store, sample: int = ARTIFACT_SAMPLE, *, max_age: float = 0.0) -> str | None:
+    """Why this artifact folder is not the registry's, or None: :data:`MIN_MISSING` (3) or more, and half or more, of
+    the ``sample`` newest live versions' files (maps and steers) are not in it (one ``stat`` each).
+
+    A folder that is not the registry's misses every version another replica wrote: all of the sample, as soon as
+    the registry has three live versions. Lost files (a disk error, a partial restore) are one or two at a time: with
+    a bare majority as the rule, one lost file of a registry of one or two live versions made /readyz 503 on every
+    replica and its map's 500 a 503 "replicas must share ...". So fewer than 3 missing is never a foreign folder,
+    whatever the share: a registry of one or two live versions cannot tell the two apart, and keeps the integrity
+    error (500) a lost file always was, whose ``registry verify`` lists it.
+
+    ``max_age``: reuse the verdict of a look at most that many seconds old (kept on ``store``). The newest come from
+    ``created_at``, which has no index: the primary keys are (name, version), which order by name, not age, so
+    they cannot stand in; at one query per :data:`VERDICT_S` per process a sort of the versions' rows costs less
+    than an index every write would keep. The folder's path goes to the log only: clients and /readyz (no key
+    needed) are told "this data dir's artifact folder"."""
+    seen = store.elsewhere_seen
+    if max_age and seen is not None and time.monotonic() - seen[0] < max_age:
+        return seen[1]
+    from .entity import KINDS
+
+    with db.tx() as t:
+        rows = t.q(" UNION ALL ".join(f"SELECT artifact_path, created_at FROM {k.table} WHERE deleted = 0 AND "
+                                      "collected_at IS NULL" for k in KINDS.values())
+                   + f" ORDER BY created_at DESC LIMIT {int(sample)}")
+    store._hook("artifacts_sampled")  # core.FAULT_HOOK: tests hang the folder here, as a hard NFS mount would
+    missing = [r["artifact_path"] for r in rows if store.size(r["artifact_path"]) is None]
+    why = None
+    if len(missing) >= MIN_MISSING and 2 * len(missing) >= len(rows):
+        why = (f"this data dir's artifact folder does not hold the registry's artifacts ({len(missing)} of the "
+               f"{len(rows)} newest versions' files are not in it): replicas of one registry must share its "
+               "artifact folder (VECBRIDGE_ARTIFACT_DIR, default DATA_DIR/artifacts, on storage every replica "
+               "mounts); if they do, files were lost: `vecbridge registry verify` lists them")
+        _log.warning("%s (this data dir's artifact folder: %s)", why, store.root)
+    store.elsewhere_seen = (time.monotonic(), why)
+    return why
