@@ -13,7 +13,7 @@ from starlette.concurrency import run_in_threadpool
 
 from ...errors import ServiceUnavailableError
 from ...ops.demo import demo_status
-from ...registry.entity import artifacts_elsewhere
+from ...registry.elsewhere import VERDICT_S, artifacts_elsewhere
 from ...memory import heap_settings
 from ...metrics import CONTENT_TYPE_LATEST
 from ...urls import hide_endpoints
@@ -77,45 +77,58 @@ async def _indexes_check(state, loaded: bool) -> dict:
 READY_WAIT_S = 2.0
 
 
-async def _registry_check(state) -> str:
-    """``"ok"``, or why the registry is not usable, within :data:`READY_WAIT_S`.
+async def _within_wait(state, slot: str, call):
+    """What ``call()`` (run in the thread pool) returns, or raises, within :data:`READY_WAIT_S`; TimeoutError with
+    the seconds waited as its argument past that.
 
-    One query at a time, however many probes ask: a registry that stops answering (a partition, a hung database)
-    holds one thread, where each probe used to hold one more until the shared thread pool was exhausted (45 threads
-    after 45 probes) and /readyz itself never answered.
+    One call at a time, however many probes ask (``state.<slot>`` holds it and its start): a registry that stops
+    answering (a partition, a hung database) or an artifact folder that does (a hard NFS mount) holds one thread,
+    where each probe used to hold one more until the shared thread pool was exhausted (45 threads after 45 probes)
+    and /readyz, and every route that needs a pool thread, never answered.
     """
-    probe, started = state.registry_probe or (None, 0.0)
+    probe, started = getattr(state, slot) or (None, 0.0)
     if probe is None or probe.done():
-        probe, started = asyncio.ensure_future(run_in_threadpool(state.registry.probe)), time.monotonic()
+        probe, started = asyncio.ensure_future(run_in_threadpool(call)), time.monotonic()
         probe.add_done_callback(lambda t: t.cancelled() or t.exception())  # retrieved even if every wait timed out
-        state.registry_probe = (probe, started)
+        setattr(state, slot, (probe, started))
     try:
-        await asyncio.wait_for(asyncio.shield(probe), READY_WAIT_S)
-        return "ok"
+        return await asyncio.wait_for(asyncio.shield(probe), READY_WAIT_S)
     except TimeoutError:
-        return f"error: no answer from the registry for {time.monotonic() - started:.1f} s"
+        raise TimeoutError(time.monotonic() - started) from None
+
+
+async def _registry_check(state) -> str:
+    """``"ok"``, or why the registry is not usable, within :data:`READY_WAIT_S` (one query at a time)."""
+    try:
+        await _within_wait(state, "registry_probe", state.registry.probe)
+        return "ok"
+    except TimeoutError as waited:
+        return f"error: no answer from the registry for {waited.args[0]:.1f} s"
     except Exception as exc:  # noqa: BLE001 - reported, not raised
         return f"error: {type(exc).__name__}: {hide_endpoints(str(exc))}"  # unauthenticated: no host, no port
 
 
-#: How long /readyz reuses its look at the artifact folder (one query and a few ``stat``\ s)
-ARTIFACTS_CHECK_S = 30.0
-
-
 async def _artifacts_check(state) -> str:
     """``"ok"``, or why this data dir's artifact folder is not the registry's
-    (:func:`~service.registry.entity.artifacts_elsewhere`: most of the newest versions' files are missing here),
-    looked at once per :data:`ARTIFACTS_CHECK_S`. Such a replica said ready, then answered every transform with a
-    500 "artifact ... is missing" (QA 4801)."""
+    (:func:`~service.registry.elsewhere.artifacts_elsewhere`: most of the newest versions' files are missing here),
+    looked at once per :data:`~service.registry.elsewhere.VERDICT_S` (30 s), within :data:`READY_WAIT_S`, one look
+    at a time. Such a replica said ready, then answered every transform with a 500 "artifact ... is missing" (QA
+    4801). "No answer" is kept as long as an answer: a hung folder is looked at again in 30 s, by the same thread
+    if it still hangs (it was a new thread per probe, no time limit, until the pool was exhausted)."""
     at, said = state.artifacts_checked
-    if at is None or time.monotonic() - at >= ARTIFACTS_CHECK_S:
-        reg = state.registry
-        try:
-            why = await run_in_threadpool(artifacts_elsewhere, reg.db, reg.store)
-        except Exception as exc:  # noqa: BLE001 - reported, not raised (and looked at again next time)
-            return f"error: {type(exc).__name__}: {exc}"
+    if at is not None and time.monotonic() - at < VERDICT_S:
+        return said
+    reg = state.registry
+    try:
+        why = await _within_wait(state, "artifacts_probe", lambda: artifacts_elsewhere(reg.db, reg.store))
         said = "ok" if why is None else f"error: {why}"
-        state.artifacts_checked = (time.monotonic(), said)
+    except TimeoutError as waited:
+        said = f"error: no answer from this data dir's artifact folder for {waited.args[0]:.1f} s"
+    except OSError as exc:  # its message may name the folder: unauthenticated, so the reason only
+        return f"error: {type(exc).__name__}: {exc.strerror}"  # not kept: looked at again next time
+    except Exception as exc:  # noqa: BLE001 - reported, not raised (and looked at again next time)
+        return f"error: {type(exc).__name__}: {hide_endpoints(str(exc))}"
+    state.artifacts_checked = (time.monotonic(), said)
     return said
 
 

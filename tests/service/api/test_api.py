@@ -469,3 +469,46 @@ def test_one_lost_file_of_a_registry_of_two_versions_leaves_the_replicas_ready(t
         r = c.post("/v1/maps/b2c:1/transform", json={"vectors": data["Y"][:2].tolist()}, headers=R)
         assert r.status_code == 500 and r.json()["error"]["type"] == "IntegrityError", r.text
 
+
+def test_readiness_looks_at_a_hung_artifact_folder_with_one_thread_and_answers_in_time(tmp_path, monkeypatch):
+    """QA 4803: /readyz's artifact check ran a query and 8 ``stat``s in a new pool thread per probe, without a time
+    limit: an artifact folder that stops answering (a hard NFS mount) held one more thread per probe until the pool
+    was exhausted and every route that needs one stalled. One look at a time, answered within READY_WAIT_S as "no
+    answer", and that answer kept like any other."""
+    import asyncio
+    import threading
+
+    import httpx
+
+    from service.registry import core
+
+    hung, release, looks = threading.Event(), threading.Event(), []
+
+    def hang(point):
+        if point == "artifacts_sampled" and hung.is_set():
+            looks.append(point)
+            release.wait(20)
+
+    app = create_app(settings_for(tmp_path))
+
+    async def main():
+        async with app.router.lifespan_context(app), httpx.AsyncClient(
+                transport=httpx.ASGITransport(app=app), base_url="http://t") as c:
+            populate(app.state.vb.registry)
+            assert (await c.get("/readyz")).status_code == 200
+            monkeypatch.setattr(core, "FAULT_HOOK", hang)
+            hung.set()
+            app.state.vb.artifacts_checked = (None, "ok")  # as 30 s later
+            try:
+                answers = await asyncio.gather(*(c.get("/readyz") for _ in range(45)))
+                assert {a.status_code for a in answers} == {503}
+                assert {a.json()["checks"]["artifacts"][:55] for a in answers} == {
+                    "error: no answer from this data dir's artifact folder f"}, answers[0].text
+                assert len(looks) == 1  # one thread for 45 probes
+                assert (await c.get("/v1/maps", headers=R)).status_code == 200  # the pool still has threads
+                again = await c.get("/readyz")  # kept: no second look while the first still hangs
+                assert again.status_code == 503 and len(looks) == 1
+            finally:
+                release.set()
+
+    asyncio.run(main())
