@@ -62,6 +62,7 @@ from .job_store import (
     interrupted_in,
 )
 from .logging import get_logger
+from .registry.retry import may_have_committed
 from .storage import is_storage_error, storage_message
 
 __all__ = ["Job", "JobContext", "JobManager", "JobStore", "Cancelled", "QueueFullError", "JobNotFoundError",
@@ -154,6 +155,10 @@ MAX_ERROR_CHARS = 4000
 
 #: what the error of a job that failed on a retryable error adds (its Idempotency-Key was let go)
 RELEASED = " (a retry may succeed: its Idempotency-Key is free again, so submitting it again starts a new job)"
+#: ... and that of one whose registration may have been committed before the registry went away (its key is kept)
+KEPT = (" (the registry went away when the map may already have been registered: its Idempotency-Key is kept, so "
+        "submitting it again cannot register it twice; once the registry is back, look for the version "
+        "(GET /v1/maps/NAME/versions, `vecbridge registry list`) and submit with a new key only if it is not there)")
 
 
 def _retryable(exc: BaseException) -> bool:
@@ -525,6 +530,8 @@ class JobManager:
                     if http_status(exc) == 500 and is_storage_error(exc):  # a full or read-only data dir: the typed
                         # 503 a submit gets then (the record said OperationalError in SQLite's raw words)
                         job.error = {"type": "StorageUnavailableError", "message": storage_message(exc)}
+                    elif job.idempotency_key is not None and may_have_committed(exc):  # a resubmission: a duplicate
+                        job.error["message"] += KEPT
                     elif job.idempotency_key is not None and _retryable(exc):  # as Stripe: a failure a retry can fix
                         # keeps no key. The registry down for a moment failed the job, and every resubmission with
                         # its key was answered that failed job, for as long as the record was kept

@@ -340,8 +340,11 @@ def run_fit(registry: Registry, *, name: str, source, target, method: str, param
                                                                           ("target", target_space))
                 if isinstance(side := (inputs or {}).get(key), dict) and side.get("encoder")}
 
+    seen: dict = {}  # what the bare name meant before the try that registered (a try runs only if none had)
+
     def register():
-        return registry.resolve_bare(name), registry.register_version(
+        seen["before"] = registry.resolve_bare(name)
+        return seen["before"], registry.register_version(
             name, map_, source_space=source_space, target_space=target_space, method=method, params=effective,
             random_state=random_state, data_hashes=hashes, metrics=metrics, description=description, tags=tags,
             alias=alias, report_path=report_rel, artifact_format=artifact_format, encoders=encoders,
@@ -354,7 +357,7 @@ def run_fit(registry: Registry, *, name: str, source, target, method: str, param
                     and v.metrics.get("timings") == metrics["timings"]]
         except NotFoundError:
             return None
-        return (None, mine[-1]) if mine else None
+        return (seen.get("before"), mine[-1]) if mine else None  # its note as a normal registration's
 
     # a registry unreachable for seconds (a PostgreSQL restart) failed a fit of minutes: the map was thrown away
     before, version = until_registered(register, st.tick, what=f"map {name!r}", found=found)

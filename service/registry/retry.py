@@ -4,7 +4,19 @@ the SQLite file).
 A fit that took minutes failed with RegistryUnavailableError when the registry was unreachable for the few seconds its
 registration took, and the fitted map was thrown away. :func:`until_registered` retries the registration while the
 error is one a retry can help (:func:`service.errors.retry_after_of`: not a wrong password, a missing grant, a damaged
-file), waiting :data:`REGISTER_WAITS` between tries (about 45 s in all), reporting the stage :data:`WAITING` meanwhile.
+file), waiting :data:`REGISTER_WAITS` between tries, reporting the stage :data:`WAITING` meanwhile.
+
+How long a fit may wait: the waits sum to 45 s, but each try (7) and the last look-up may first block for as long
+as the registry takes to give up: SQLite's busy timeout (60 s by default), PostgreSQL's connect timeout (10 s, a
+server that is down) or statement timeout (30 s, behind a lock). A registry that stays away holds a fit up to about
+45 s + 8 of those: 8.75 min on a locked SQLite file, 2 min with PostgreSQL down, 4.75 min behind a PostgreSQL lock.
+
+The answer of a try can be lost after its commit went through (the connection dropped between the commit and the
+read-back). ``found()`` is asked before each retry and once more before the last error is raised; when it cannot
+answer then either (the registry still away), the registration may have happened: the error is marked
+(:func:`may_have_committed`) and a job failed with it keeps its Idempotency-Key, since a resubmission could
+register the map twice. A cancel (or a shutdown) during a wait is honoured only when ``found()`` does not find the
+version: a fit whose version was committed succeeds with it.
 """
 
 from __future__ import annotations
@@ -17,11 +29,12 @@ from ..errors import retry_after_of
 from ..logging import get_logger
 from .errors import RegistryUnavailableError
 
-__all__ = ["REGISTER_WAITS", "WAITING", "until_registered"]
+__all__ = ["REGISTER_WAITS", "WAITING", "may_have_committed", "until_registered"]
 
 T = TypeVar("T")
 
-#: seconds waited before each retry of a registration the registry was unavailable for (45 s in all)
+#: seconds waited before each retry of a registration the registry was unavailable for (45 s of sleep in all; each
+#: try may also block for the registry's busy, connect or statement timeout: the module doc gives the whole bound)
 REGISTER_WAITS: tuple[float, ...] = (1.0, 2.0, 4.0, 8.0, 15.0, 15.0)
 
 #: the progress stage of a job waiting between tries
@@ -33,14 +46,32 @@ _SLICE_S = 0.5
 _log = get_logger("registry")
 
 
+def may_have_committed(exc: BaseException) -> bool:
+    """Whether ``exc``, raised by :func:`until_registered`, may have come after the registration was committed (no
+    look-up could tell): submitting the same work again could register it twice."""
+    return bool(getattr(exc, "vecbridge_maybe_committed", False))
+
+
+def _look(found: Callable[[], T | None] | None) -> tuple[T | None, bool]:
+    """(what ``found()`` returns, whether it could answer): an unavailable registry (or no ``found``) cannot."""
+    if found is None:
+        return None, False
+    try:
+        return found(), True
+    except Exception:  # noqa: BLE001 - the registry still away (or worse): the caller's own error is the one to raise
+        return None, False
+
+
 def until_registered(register: Callable[[], T], progress: Callable[[str, float], None], *, what: str,
                      found: Callable[[], T | None] | None = None,
                      waits: tuple[float, ...] | None = None) -> T:
     """``register()``, tried again after each of ``waits`` seconds while it raises a RegistryUnavailableError a retry
     can help; the last error is raised once they are spent. Between tries ``progress(WAITING, fraction of the wait
-    spent)`` (which may raise Cancelled) and a warning naming ``what``. ``found()``, asked before each retry, returns
-    what an earlier try registered after all (its commit went through, the answer was lost), else None: that is
-    returned instead of registering twice. ``waits`` None: :data:`REGISTER_WAITS` as it is now."""
+    spent)`` (which may raise Cancelled) and a warning naming ``what``. ``found()``, asked before each retry and before
+    the last error or a cancel is raised, returns what an earlier try registered after all (its commit went through,
+    the answer was lost), else None: that is returned instead of registering twice or failing. The last error is
+    marked :func:`may_have_committed` when ``found()`` could not answer. ``waits`` None: :data:`REGISTER_WAITS` as
+    it is now."""
     waits = REGISTER_WAITS if waits is None else waits
     total = sum(waits) or 1.0
     spent = 0.0
@@ -51,12 +82,22 @@ def until_registered(register: Callable[[], T], progress: Callable[[str, float],
             return register()
         except RegistryUnavailableError as exc:
             if wait is None or retry_after_of(exc) is None:
+                done, answered = _look(found)  # a commit may have gone through before the error: not a failure then
+                if done is not None:
+                    return done
+                if not answered:  # the registry still away: the commit may have happened (a duplicate is worse)
+                    exc.vecbridge_maybe_committed = True
                 raise
             _log.warning("registry unavailable: retrying the registration", extra={"fields": {
                 "what": what, "attempt": attempt, "retry_in_s": wait, "error": str(exc)}})
             end = time.monotonic() + wait
-            while (left := end - time.monotonic()) > 0:
-                progress(WAITING, min(1.0, (spent + wait - left) / total))
-                time.sleep(min(_SLICE_S, left))
+            try:
+                while (left := end - time.monotonic()) > 0:
+                    progress(WAITING, min(1.0, (spent + wait - left) / total))
+                    time.sleep(min(_SLICE_S, left))
+            except Exception:  # a cancel, a shutdown: not when the version was committed (the fit has happened)
+                if (done := _look(found)[0]) is not None:
+                    return done
+                raise
             spent += wait
     raise AssertionError("unreachable")  # the last try returns or raises

@@ -8,15 +8,22 @@ the registry's busy timeout, which is the RegistryLockedError (503, retry) a bli
 from __future__ import annotations
 
 import sqlite3
+import threading
 from concurrent.futures import ThreadPoolExecutor
 
+import numpy as np
 import pytest
 from _api_support import planted
 from _jobs_support import wait_job
 
+from align.exceptions import Cancelled
 from service.jobs import JobManager, JobStore
 from service.ops.maps import run_fit
-from service.registry import RegistryLockedError, open_registry
+from service.registry import (
+    RegistryLockedError,
+    RegistryUnavailableError,
+    open_registry,
+)
 
 WAITING = "register: waiting for the registry"  # the stage a fit reports between tries (what a client reads)
 
@@ -28,12 +35,12 @@ def reg(tmp_path):
     return r
 
 
-def _fit(reg, progress):
+def _fit(reg, progress, **kw):
     """run_fit of a small paired map on a thread of its own (its registry connection waits 0.2 s on a locked file)."""
     X, Y, _ = planted(200)
     with ThreadPoolExecutor(1) as pool:
         return pool.submit(run_fit, reg, name="a2b", source=X, target=Y, method="procrustes", paired=True,
-                           source_space="a", target_space="b", progress=progress).result(timeout=120)
+                           source_space="a", target_space="b", progress=progress, **kw).result(timeout=120)
 
 
 class _Holder:
@@ -132,3 +139,112 @@ def test_a_registry_unavailable_past_the_waits_fails_the_fit_with_its_error(reg,
     finally:
         holder.free()
     assert WAITING in waits
+
+
+def _commit_then(monkeypatch, then):
+    """The registry goes away right after a registration's commit, before its answer is read back (a PostgreSQL
+    connection dropped there): ``then()`` runs at that point, once."""
+    done = []
+
+    def hook(point):
+        if point == "committed" and not done:
+            done.append(1)
+            then()
+
+    monkeypatch.setattr("service.registry.core.FAULT_HOOK", hook)
+
+
+def _lost_answer():
+    raise RegistryUnavailableError("lost the connection to the PostgreSQL registry (test)")
+
+
+def test_a_job_whose_registration_may_have_been_committed_keeps_its_idempotency_key(reg, tmp_path, monkeypatch):
+    """A fit committed, the registry then stayed locked past every try: the job failed saying its Idempotency-Key was
+    free again, and the same key started a job that registered the map a second time. Now the key is kept (no
+    look-up could tell whether the version exists) and the error says how to proceed; a resubmission is that job."""
+    monkeypatch.setattr("service.registry.retry.REGISTER_WAITS", (0.01, 0.01))
+    holder = _Holder(tmp_path / "reg.sqlite")
+    _commit_then(monkeypatch, holder.take)
+    X, Y, _ = planted(200)
+
+    def fit(ctx):
+        v = run_fit(reg, name="a2b", source=X, target=Y, method="procrustes", paired=True, source_space="a",
+                    target_space="b", progress=ctx.progress, should_cancel=ctx.should_cancel)
+        return {"ref": v.ref}
+
+    mgr = JobManager(workers=1, max_queued=4, store=JobStore(tmp_path / "jobs.sqlite"))
+    mgr.open()
+    try:
+        first, _ = mgr.submit(fit, kind="fit", idempotency_key="deploy-42", request_hash="h")
+        failed = wait_job(mgr.get, first.id)
+        holder.free()
+        assert failed.state == "failed" and failed.error["type"] == "RegistryLockedError"
+        assert "free again" not in failed.error["message"]
+        message = failed.error["message"]
+        assert "Idempotency-Key is kept" in message and "/v1/maps/NAME/versions" in message
+        again, created = mgr.submit(fit, kind="fit", idempotency_key="deploy-42", request_hash="h")
+        assert not created and again.id == first.id
+        assert [v.version for v in reg.list_versions("a2b")] == [1]  # registered once
+    finally:
+        holder.free()
+        mgr.shutdown(wait=True)
+
+
+def test_a_fit_committed_before_its_last_error_returns_its_version(reg, monkeypatch):
+    """The last try's commit went through and only its answer was lost: the fit failed (a resubmission then
+    registered the map twice). One more look before the last error finds the version: the fit returns it."""
+    monkeypatch.setattr("service.registry.retry.REGISTER_WAITS", ())  # no retry: the last error comes at once
+    _commit_then(monkeypatch, _lost_answer)
+    v = _fit(reg, lambda stage, fraction: None)
+    assert [x.version for x in reg.list_versions("a2b")] == [v.version] == [1]
+
+
+def test_a_cancel_while_waiting_does_not_cancel_a_committed_fit(reg, monkeypatch):
+    """A cancel (or a shutdown) during the waits marked the job cancelled although its version was committed (register
+    is the last cancellation point: once registered, the fit has happened). Now the fit succeeds with that version."""
+    monkeypatch.setattr("service.registry.retry.REGISTER_WAITS", (5.0,))
+    _commit_then(monkeypatch, _lost_answer)
+    cancel = threading.Event()
+
+    def progress(stage, fraction):
+        if stage == WAITING:
+            cancel.set()
+
+    v = _fit(reg, progress, should_cancel=cancel.is_set)
+    assert cancel.is_set() and [x.version for x in reg.list_versions("a2b")] == [v.version] == [1]
+
+
+def test_a_cancel_while_waiting_cancels_a_fit_not_registered(reg, tmp_path, monkeypatch):
+    """... and a fit whose registration did not happen is cancelled, as before."""
+    monkeypatch.setattr("service.registry.retry.REGISTER_WAITS", (5.0,))
+    holder = _Holder(tmp_path / "reg.sqlite")
+    cancel = threading.Event()
+
+    def progress(stage, fraction):
+        if stage == "register" and not holder.held:
+            holder.take()
+        elif stage == WAITING:
+            holder.free()
+            cancel.set()
+
+    try:
+        with pytest.raises(Cancelled):
+            _fit(reg, progress, should_cancel=cancel.is_set)
+    finally:
+        holder.free()
+    assert reg.list_maps() == [] or reg.list_versions("a2b") == []
+
+
+def test_a_fit_found_after_a_lost_answer_keeps_the_worse_default_note(reg, monkeypatch):
+    """The found version (its answer lost, found on the retry) lost the note a registration gives when the bare
+    name now means a worse map: it said nothing. Now it says what the normal path says."""
+    X, Y, _ = planted(1000)
+    Y = Y + 0.6 * np.random.default_rng(5).standard_normal(Y.shape).astype(np.float32)
+    kw = {"name": "a2b", "method": "ridge", "paired": True, "source_space": "a", "target_space": "b"}
+    run_fit(reg, source=X, target=Y, **kw)
+    monkeypatch.setattr("service.registry.retry.REGISTER_WAITS", (0.01,))
+    _commit_then(monkeypatch, _lost_answer)
+    notes: list[str] = []
+    few = run_fit(reg, source=X[:20], target=Y[:20], notes=notes, **kw)  # held-out ~0: worse
+    assert few.version == 2 and [x.version for x in reg.list_versions("a2b")] == [1, 2]
+    assert notes and "a2b:1" in notes[-1] and "worse" in notes[-1], notes
