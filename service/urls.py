@@ -68,12 +68,15 @@ def check_pg_userinfo(url: str, what: str = "PostgreSQL URL") -> str:
 
 
 #: libpq's words for where it tried to connect: ``server at "db.internal" (10.0.0.5), port 5432``, ``on socket
-#: "/run/postgresql/.s.PGSQL.5432"``, ``host name "db.internal"``
-_ENDPOINT = re.compile(r'(server at )"[^"]*"(?: \([^)]*\))?, port \d+|(on socket )"[^"]*"|(host name )"[^"]*"')
+#: "/run/postgresql/.s.PGSQL.5432"``, ``host name "db.internal"``; psycopg 3's: ``failed to resolve host
+#: 'db.internal'``, and ``host: 'db.internal', port: '5432', hostaddr: '10.0.0.5'`` naming each attempt of several
+_QUOTED = r"""(?:'[^']*'|"[^"]*"|None)"""  # a Python repr of a str (or None), as psycopg writes them
+_ENDPOINT = re.compile(r'(server at )"[^"]*"(?: \([^)]*\))?, port \d+|(on socket )"[^"]*"|(host name )"[^"]*"'
+                       rf"|(failed to resolve host ){_QUOTED}|(host: ){_QUOTED}, port: {_QUOTED}, hostaddr: {_QUOTED}")
 
 
 def hide_endpoints(message: str) -> str:
     """``message`` with the host, address, port or socket a database driver names (libpq: ``connection to server at
     "127.0.0.1", port 5432 failed``) shown as ``***``: what an answer to a client may show (an unauthenticated
     ``/readyz`` showed the registry's address to anyone); the logs keep the whole message."""
-    return _ENDPOINT.sub(lambda m: f"{m.group(1) or m.group(2) or m.group(3)}***", str(message))
+    return _ENDPOINT.sub(lambda m: f"{next(g for g in m.groups() if g)}***", str(message))

@@ -116,6 +116,28 @@ def test_a_503_for_an_unreachable_registry_names_no_host_or_port_to_the_client(t
     assert any(f"port {db_port}" in str(getattr(rec, "fields", "")) for rec in caplog.records)
 
 
+_ATTEMPTS = (  # psycopg 3's message when several hosts (or addresses) were tried
+    "connection failed: connection to server at \"10.0.0.5\", port 6543 failed: timeout expired\nMultiple connection "
+    "attempts failed. All failures were:\n- host: 'db.internal', port: '6543', hostaddr: '10.0.0.5': connection "
+    "failed: timeout expired\n- host: \"o'db\", port: None, hostaddr: None: connection timeout expired")
+
+
+@pytest.mark.parametrize("said, secret, kept", [
+    ("failed to resolve host 'no-such-host.invalid': [Errno -2] Name or service not known", "no-such-host",
+     "failed to resolve host ***: [Errno -2] Name or service not known"),
+    (_ATTEMPTS, "db",
+     "- host: ***: connection failed: timeout expired\n- host: ***: connection timeout expired"),
+], ids=["resolve", "attempts"])
+def test_psycopg_3s_own_words_for_the_host_are_hidden_from_the_client(said, secret, kept):
+    """psycopg 3 names the host in words of its own (a name that does not resolve, each of several attempts): the
+    503 and /readyz quoted them to any client. They show *** now, as libpq's do."""
+    from service.urls import hide_endpoints
+
+    shown = hide_endpoints(said)
+    assert "***" in shown and secret not in shown and "10.0.0.5" not in shown and "6543" not in shown, shown
+    assert shown.endswith(kept), shown  # the rest of the message stays
+
+
 def test_a_damaged_sqlite_registry_is_a_503_naming_it_and_readiness_says_so(tmp_path):
     # a page of registry.sqlite overwritten (a bad disk block): /readyz said the registry was ok (its probe read the
     # spaces, which were intact) while every map request answered 500 "DatabaseError"; now each is a 503 naming the
