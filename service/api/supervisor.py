@@ -105,6 +105,9 @@ class Supervisor(Multiprocess):
                     return
                 if answered:
                     continue
+                # killed while it was asked (SIGKILL by the OOM killer): its signal is the cause, not the supervisor
+                hung = process.process.is_alive()
+            if hung:
                 _log.warning(f"Child process [{process.pid}] did not answer its health check within {wait:g} s")
             # from here as uvicorn's Multiprocess.keep_subprocess_alive
             process.kill()

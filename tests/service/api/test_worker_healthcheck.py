@@ -163,6 +163,33 @@ def test_a_worker_killed_by_a_signal_is_an_error_naming_it(tmp_path):
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_a_worker_killed_while_its_health_check_waits_is_an_error_naming_the_signal(tmp_path):
+    """A worker slow to answer (stopped here) and then killed by the OOM killer while the supervisor waited for its
+    answer was logged WARNING "killed by the supervisor (no answer to its health check)": whether it hung was decided
+    before the wait. It is the ERROR naming SIGKILL, as any worker killed by a signal, and it is replaced."""
+    proc, _port, (w, other) = _serve_two_serving(tmp_path)
+    try:
+        os.kill(w, signal.SIGSTOP)  # the supervisor's next check of it waits for an answer (up to 10 s) ...
+        time.sleep(2)  # (it checks every 0.5 s: that check is under way)
+        os.kill(w, signal.SIGKILL)  # ... and the OOM killer takes it meanwhile
+        deadline = time.monotonic() + 60
+        while not _died(tmp_path, w) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        lines = [json.loads(line) for line in (tmp_path / "server.log").read_text().splitlines()
+                 if line.startswith("{")]
+        died = [r for r in lines if r.get("msg", "").startswith(f"Child process [{w}] died")]
+        assert len(died) == 1 and died[0]["level"] == "ERROR", died
+        assert "killed by SIGKILL (perhaps out of memory" in died[0]["msg"], died
+        assert f"Child process [{w}] did not answer its health check within 10 s" not in _msgs(tmp_path)
+        deadline = time.monotonic() + 90
+        while len(_workers(proc.pid)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert other in _workers(proc.pid) and len(_workers(proc.pid)) == 2
+    finally:
+        stop(proc)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 def test_a_serving_worker_that_stops_answering_is_replaced_after_10_s_not_60(tmp_path):
     proc, port, (w, other) = _serve_two_serving(tmp_path)
     try:
