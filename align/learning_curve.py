@@ -9,41 +9,25 @@ __all__ = ["fit_learning_curve", "forecast", "forecast_per_k", "kept_forecast"]
 
 
 def fit_learning_curve(ks: np.ndarray, vals: np.ndarray) -> tuple[float, float, float, float]:
-    """Least-squares saturating curve ``r(K) = r_inf - c K^(-beta)`` (``beta`` on a grid to 3, ``r_inf ≤ 1``).
+    """Least-squares saturating curve ``r(K) = r_inf - c K^(-beta)`` (``beta`` on a grid, ``r_inf ≤ 1``).
 
-    The ceiling ``r_inf`` is fitted only where the points call for it: the free fit (three parameters) is kept when
-    it cuts the squared error enough to pay for the extra one (BIC: ``n log(SSE_1 / SSE_free) > log n`` for n
-    points), else the ceiling is 1 (``c = Σ (1 - v) K^-β / Σ K^-2β``, two parameters). Five points with the
-    scatter of a probe's (±0.02-0.04) leave a free ceiling loose: on WordNet minilm->e5 (12 plans) it landed at
-    0.61-0.98 in 10, BIC keeps 3 (0.71-0.73), and the kept forecasts within ±0.05 went from 39 to 42 of 48 cells
-    (benchmarks/results/plan_kept_2026-12-06.md); a curve that truly saturates early (planted, ceiling 0.6) is
-    forecast a little worse at K = 3,000 than by the free fit (80 draws, sd 0.02: mean |error| 0.057 against
-    0.049). The grid runs to β = 3 (it stopped at 1.5) so that a curve that jumps and then stays flat (ridge 0.55,
-    0.92, 0.89, 0.87, 0.90 on a planted task) is fitted by its plateau, not by a ceiling of 1 that fits no better.
-    Where the free fit puts ``r_inf`` above 1 the constrained optimum is the ceiling 1. Returns
-    ``(r_inf, c, beta, residual std)``, the std over ``n`` less the parameters fitted.
+    Where the free fit puts ``r_inf`` above 1 the constrained optimum has ``r_inf = 1`` and
+    ``c = Σ (1 - v) K^-β / Σ K^-2β`` (``c`` refitted, not kept from the free fit).
+    Returns ``(r_inf, c, beta, residual std)``.
     """
-    ks, vals = np.asarray(ks, dtype=float), np.asarray(vals, dtype=float)
-    free, one = None, None
-    for beta in np.linspace(0.1, 3.0, 59):
-        kb = ks ** (-beta)
-        A = np.stack([np.ones_like(ks), -kb], axis=1)
+    best = None
+    for beta in np.linspace(0.1, 1.5, 29):
+        A = np.stack([np.ones_like(ks, dtype=float), -ks ** (-beta)], axis=1)
         coef, *_ = np.linalg.lstsq(A, vals, rcond=None)
-        c1 = float(((1.0 - vals) * kb).sum() / (kb * kb).sum())
-        sse1 = float(((vals - (1.0 - c1 * kb)) ** 2).sum())
-        if one is None or sse1 < one[0]:
-            one = (sse1, 1.0, c1, float(beta))
-        if coef[0] > 1.0:  # the ceiling is the constrained optimum
-            continue
-        sse = float(((vals - A @ coef) ** 2).sum())
-        if free is None or sse < free[0]:
-            free = (sse, float(coef[0]), float(coef[1]), float(beta))
-    n = len(vals)
-    if free is not None and one[0] > free[0] * n ** (1.0 / n):  # BIC: the free ceiling pays for its parameter
-        sse, r_inf, c, beta = free
-        return r_inf, c, beta, float(np.sqrt(sse / max(1, n - 3)))
-    sse, r_inf, c, beta = one
-    return r_inf, c, beta, float(np.sqrt(sse / max(1, n - 2)))
+        if coef[0] > 1.0:
+            kb = ks ** (-beta)
+            coef = np.array([1.0, float(((1.0 - vals) * kb).sum() / (kb * kb).sum())])
+        res = vals - A @ coef
+        sse = float((res**2).sum())
+        if best is None or sse < best[0]:
+            best = (sse, float(coef[0]), float(coef[1]), float(beta))
+    sse, r_inf, c, beta = best
+    return r_inf, c, beta, float(np.sqrt(sse / max(1, len(vals) - 3)))
 
 
 def _curve_fit(points: list[dict], labelled: bool) -> dict:

@@ -107,7 +107,7 @@ EXTRAPOLATED_NOTE = ("the forecasts past the {top} pairs the curve is fitted on 
                      "none of the held-out texts, while the rows you re-embed from the corpus hold some documents your "
                      "queries look for, which the map then finds (WordNet minilm->e5, K = 1,000-3,000: the plan's own "
                      "rows mapped measured up to 0.13 above the forecast); 'kept' forecasts the migration that keeps "
-                     "those rows' own vectors (transform --keep-rows; within 0.05 of it in 42 of 48 cells there): "
+                     "those rows' own vectors (transform --keep-rows; within 0.05 of it in 39 of 48 cells there): "
                      "read them as rough and gate the fitted map")
 #: nn_retention's native side searches the native rows among mapped rows of the old corpus (their native vectors are
 #: unknown). WordNet minilm->paraphrase-L3, ridge from 10,000 pairs: 1.06-1.23, where native recall against those
@@ -272,21 +272,6 @@ def _inconsistent_labelled(curve: dict, native: dict, over: dict, n_queries: int
             "labelled": {"consistent": False, "n_queries": n_queries, "curve": curve, "native": native}}
 
 
-def _curve_map(P, idx: np.ndarray, method: str, rng: np.random.Generator):
-    """A learning-curve map of ``method`` fitted on the probe rows ``idx`` of ``P`` (a ``_Problem`` of the probe):
-    Procrustes in closed form; ridge as :func:`align.fit_migration` (``method="ridge"``) fits it, α chosen on
-    held-out pairs from its grid. The curve forecasts the map a user's fit gives: a fixed α = 1e-2 × K (as here
-    before) over-regularised past K ≈ the dimension, where the fit picks 1e-3 (WordNet minilm->e5, 8,192 rows,
-    random rows: 0.557 against 0.577 at K = 1,000, 0.627 against 0.677 at K = 3,000), so the probe's curve bent
-    early and its forecasts for the kept workflow fell 0.05 short at K = 1,000
-    (benchmarks/results/plan_kept_2026-12-06.md)."""
-    from .migration import _fit_procrustes, fit_migration
-
-    if method == "procrustes":
-        return _fit_procrustes(P, idx, {})
-    return fit_migration(P.X[idx], P.Y[idx], method="ridge", random_state=rng)
-
-
 def _check_plan_options(target_retention, target_ks, repeats, distractors) -> tuple[int, ...]:
     """The plan's numeric options, checked (typed errors instead of a NaN forecast or a bare ``max()`` error);
     returns ``target_ks`` as a sorted tuple of distinct ints."""
@@ -341,8 +326,7 @@ def plan_migration(X_old, probe_src, probe_tgt, *, random_state=0, target_retent
     1. Alignability: :func:`knn_overlap` of the probe beyond chance (unsupervised alignment has only
        worked above ``ALIGNABLE`` = 0.4; the raw overlap is ``knn_overlap`` in the result).
     2. Learning curve: half the probe is held out; for K in a geometric grid up to the other half,
-       ``repeats`` random K-subsets fit each of ``methods`` (the closed-form families: seconds; ridge with α
-       chosen on held-out pairs of the subset as :func:`align.fit_migration` chooses it)
+       ``repeats`` random K-subsets fit each of ``methods`` (the closed-form families: seconds)
        and score ``nn_retention@10`` (:func:`align.retrieval.nn_retention`: native query,
        relevant = its native nearest neighbour, recall@10 among the mapped rows over the native
        recall, with up to ``distractors`` mapped rows of ``X_old`` competing) on the held-out
@@ -374,7 +358,7 @@ def plan_migration(X_old, probe_src, probe_tgt, *, random_state=0, target_retent
     ``"retention"`` or with ``keep`` ``"kept"``), ``rows_to_embed`` (indices; empty
     with ``select_rows=False``, for callers such as a fit report that only want the forecast), ``notes``.
     """
-    from .migration import _Problem
+    from .migration import _Problem, _fit_procrustes, _ridge
 
     n_old, n_src, n_tgt = names
     Xo = as_matrix(X_old, name=n_old)
@@ -448,7 +432,7 @@ def plan_migration(X_old, probe_src, probe_tgt, *, random_state=0, target_retent
             vals = []
             for r in range(repeats if k < top else 1):
                 idx = np.sort(rng.permutation(pool)[:k]) if k < top else np.sort(pool)
-                fitted = _curve_map(P, idx, m, rng)
+                fitted = _fit_procrustes(P, idx, {}) if m == "procrustes" else _ridge(P, idx, 1e-2)
                 if lab is None:
                     vals.append(nn_retention(T_val, fitted._apply(A[val], output="raw"),
                                              extra_M=fitted._apply(extra, output="raw")))

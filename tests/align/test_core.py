@@ -830,9 +830,8 @@ def test_an_all_zero_row_maps_as_its_framed_row_does(family):
 
 
 def _planted_plan_pairs(n=1500, d_t=12, noise=0.3, seed=0):
-    """An affine map from 16-d into ``d_t``-d plus noise: at ``d_t`` = 64 the new space has 48 dimensions the old one
-    does not predict, so mapped rows lack that noise and, as stand-in distractors, outrank native rows (at 32 they
-    did for ridge maps of a fixed α = 1e-2 x K, not for the fit's α: peak 0.99)."""
+    """An affine map from 16-d into ``d_t``-d plus noise: at ``d_t`` = 32 the new space has 16 dimensions the old one
+    does not predict, so mapped rows lack that noise and, as stand-in distractors, outrank native rows."""
     rng = np.random.default_rng(seed)
     X = rng.normal(size=(n, 16)) + rng.normal(size=(12, 16))[rng.integers(0, 12, n)] * 2
     Y = X @ rng.normal(size=(16, d_t)) + noise * rng.normal(size=(n, d_t))
@@ -871,7 +870,7 @@ def test_a_plan_whose_proxy_curve_exceeds_one_says_what_that_means():
     from align.plan import OVER_ONE_NOTE
     from align.retrieval import nn_retention
 
-    X, Y = _planted_plan_pairs(d_t=64)
+    X, Y = _planted_plan_pairs(d_t=32)
     over = align.plan_migration(X, X[:300], Y[:300], random_state=0, select_rows=False, target_ks=(100,))
     peak = max(((m, q) for m, c in over["curve"].items() for q in c), key=lambda mq: mq[1]["mean"])
     assert peak[1]["mean"] > 1.05 and all(q["retention"] <= 1.0 for q in over["predicted"])

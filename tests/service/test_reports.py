@@ -186,7 +186,7 @@ def test_the_report_plan_of_a_large_fit_does_not_call_its_row_sample_the_corpus(
     corpus. The report's plan now caps no K at its sample, and its sentence does not claim the target is reached."""
     from service.ops.fit_report import PLAN_DISTRACTORS, report_plan
 
-    X, Y = _planted_pairs(PLAN_DISTRACTORS + 900, noise=4.0)
+    X, Y = _planted_pairs(PLAN_DISTRACTORS + 900, noise=3.0)
     plan, why = report_plan(X, Y, np.random.default_rng(0))
     assert why is None
     ks = [q["k"] for q in plan["predicted"]]
