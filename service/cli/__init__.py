@@ -224,6 +224,12 @@ def check_stop(stage: str | None = None) -> None:
         _STOP.defer()
 
 
+def stop_kept() -> bool:
+    """Whether a stop came after the work was committed and is kept until the result is out (:meth:`_Stop.defer`):
+    the command then exits 130 / 143 / 129, not by its own status (a fit flagged unreliable: not 1)."""
+    return _STOP.deferred and _STOP.requested is not None
+
+
 #: the handlers this module takes over for a command: SIGTERM's and SIGHUP's default (end the process), Python's own
 #: Ctrl-C
 _DEFAULTS = {signal.SIGTERM: signal.SIG_DFL, signal.SIGHUP: signal.SIG_DFL,
@@ -320,7 +326,7 @@ def _kept_stop() -> None:
     ends by its own exit status (``sys.exit(1)`` after a fit flagged unreliable): the stop wins, 130 / 143 / 129."""
     if sys.stdout is not None:
         sys.stdout.flush()
-    if _STOP.deferred and _STOP.requested is not None:
+    if stop_kept():
         _STOP.deferred = False
         click.echo("vecbridge: the stop came after the work was committed: the result above stands", err=True)
         _STOP.raise_it()

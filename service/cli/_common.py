@@ -40,7 +40,7 @@ from ..limits import MAX_SEED
 from ..registry import NotFoundError, open_registry
 from ..registry.errors import InvalidNameError
 from ..registry.names import parse_version, utf8_safe
-from . import check_stop
+from . import check_stop, stop_kept
 
 __all__ = ["Ctx", "alias_command", "echo_record", "emit_summaries", "versions_summary", "emit", "version_record",
            "progress_bar", "stderr_is_terminal", "option_given", "parse_kv", "registry_option", "FiniteRange",
@@ -134,6 +134,15 @@ def registry_exists(settings) -> bool:
 def warn(message: str) -> None:
     """One ``vecbridge: warning:`` line on stderr."""
     click.echo(f"vecbridge: warning: {message}", err=True)
+
+
+def exit_flagged(message: str, accept: str = "accept") -> None:
+    """End a command whose result (printed) is flagged unreliable: ``message`` on stderr and exit 1, the way to
+    ``accept`` it named; a stop kept since the commit (:func:`~service.cli.stop_kept`) exits 130 / 143 / 129
+    instead, so the line does not promise an exit 1 that does not come."""
+    code = "" if stop_kept() else "exit 1 "
+    click.echo(f"vecbridge: {message}; {code}(--allow-unreliable to {accept})", err=True)
+    sys.exit(1)
 
 
 def warn_aliases_left(group: str, name: str, version: int, aliases, now: str) -> None:

@@ -29,9 +29,9 @@ from ..ops.unpaired import UNPAIRED, check_unpaired, check_unpaired_method
 from ..encoders import canonical_name
 from ..registry.names import MAX_NAME, utf8_safe
 from ..storage import atomic_write, check_writable
-from ._common import (ROWS, Ctx, FiniteRange, check_text_encoder, description_opt, emit, file_rows_opts, input_opts,
-                      json_opt, option_given, parse_kv, progress_bar, quiet_opt, ray_logs, random_state_opt, read_pair,
-                      read_relevant, read_seed_pairs, rows_record, version_record, warn)
+from ._common import (ROWS, Ctx, FiniteRange, check_text_encoder, description_opt, emit, exit_flagged, file_rows_opts,
+                      input_opts, json_opt, option_given, parse_kv, progress_bar, quiet_opt, ray_logs, random_state_opt,
+                      read_pair, read_relevant, read_seed_pairs, rows_record, version_record, warn)
 
 __all__ = ["fit", "eval_cmd", "plan_cmd", "transform"]
 
@@ -138,10 +138,8 @@ def fit(obj: Ctx, paired, seed_pairs, method, params, name, source_space, target
             continue
         click.echo(f"vecbridge: note: {note}", err=True)
     if v.metrics.get("reliable") is False and not allow_unreliable:
-        click.echo(f"vecbridge: {v.ref} is flagged UNRELIABLE: it stays in the registry for inspection but is never "
-                   f"chosen for a path nor meant by a bare name (use {v.ref}); exit 1 (--allow-unreliable to "
-                   f"accept)", err=True)
-        sys.exit(1)
+        exit_flagged(f"{v.ref} is flagged UNRELIABLE: it stays in the registry for inspection but is never chosen for "
+                     f"a path nor meant by a bare name (use {v.ref})")
 
 
 def _space_name(path: str, encoder: str | None, given: str | None, side: str) -> str:

@@ -6,7 +6,6 @@ Each command parses, calls one operation of :mod:`service.ops.steers` (``embed_a
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import click
@@ -15,13 +14,14 @@ from align.exceptions import InputError, PairCountError
 
 from ..encoders import get_encoder
 from ..io import STREAM_SUFFIXES, check_not_input, read_texts, read_vectors
-from ..ops.steers import (bare_steer_ref, check_steer_eps, check_steer_fit, check_steer_rows, delete_steer_alias,
-                          delete_steer_version, describe_lens, embed_and_register, set_steer_alias, space_for_rows,
-                          steer_file, steer_lens, steer_text_encoder, transfer_and_register, unreliable_steer_note)
+from ..ops.steers import (alias_held_back, bare_steer_ref, check_steer_eps, check_steer_fit, check_steer_rows,
+                          delete_steer_alias, delete_steer_version, describe_lens, embed_and_register, set_steer_alias,
+                          space_for_rows, steer_file, steer_lens, steer_text_encoder, transfer_and_register,
+                          unreliable_steer_note)
 from ..registry.names import parse_ref
 from ..storage import check_writable
-from ._common import (VERSION, Ctx, alias_command, echo_record, emit, emit_summaries, file_rows_opts, json_opt,
-                      parse_kv, progress_bar, quiet_opt, read_labels, register_opts, versions_summary, warn,
+from ._common import (VERSION, Ctx, alias_command, echo_record, emit, emit_summaries, exit_flagged, file_rows_opts,
+                      json_opt, parse_kv, progress_bar, quiet_opt, read_labels, register_opts, versions_summary, warn,
                       warn_aliases_left)
 from .prune import prune_command
 
@@ -30,17 +30,32 @@ __all__ = ["steer"]
 _ref_opt = click.option("--steer", "ref", required=True, help="NAME, NAME@alias or NAME:version.")
 _allow_unreliable_opt = click.option(
     "--allow-unreliable", is_flag=True,
-    help="Exit 0 even when the steer is flagged unreliable (registered either way, flagged in its metrics): its own "
-         "held-out check does not separate its labels, or it was carried through a map (or from a steer) flagged so.")
+    help="Exit 0 even when the steer is flagged unreliable (registered either way, flagged in its metrics), with a "
+         "warning, and move --alias to it (held back otherwise): its own held-out check found no gain from its labels, "
+         "or it was carried through a map (or from a steer) flagged so.")
 
 
-def _exit_if_unreliable(v, allow: bool) -> None:
-    """Exit 1 after a registration flagged unreliable (as ``vecbridge fit`` does for a map), unless ``allow``."""
-    if unreliable_steer_note(v) and not allow:
-        click.echo(f"vecbridge: {v.ref} is flagged UNRELIABLE ({v.metrics.get('unreliable_reason')}): it stays in the "
-                   f"registry for inspection, but may not move results toward its labels; exit 1 (--allow-unreliable "
-                   f"to accept)", err=True)
-        sys.exit(1)
+def _registered(v, alias: str | None) -> tuple[dict, str]:
+    """The JSON record and the tail of the result line of a steer registered with ``--alias``: the alias moved
+    (`` as @prod``) or held back by the flag (said, not claimed: ``alias_held_back`` in --json too)."""
+    held = alias_held_back(v, alias)
+    tail = f"; alias {held} not moved (flagged)" if held else f" as @{alias}" if alias else ""
+    return {**v.to_dict(), "alias_held_back": held}, tail
+
+
+def _exit_if_unreliable(v, alias: str | None, allow: bool) -> None:
+    """After a registration flagged unreliable: exit 1 (as ``vecbridge fit`` does for a map), its ``--alias`` not
+    moved; with ``allow`` (``--allow-unreliable``) the flag is a warning and the command goes on (the alias moved)."""
+    held = alias_held_back(v, alias)
+    if not unreliable_steer_note(v, held):
+        return
+    if allow:
+        warn(unreliable_steer_note(v, held))
+        return
+    exit_flagged(f"{v.ref} is flagged UNRELIABLE ({v.metrics.get('unreliable_reason')}): it stays in the registry "
+                 f"for inspection, but may not move results toward its labels"
+                 f"{f'; alias {held} not moved (flagged)' if held else ''}",
+                 "accept it and move the alias" if held else "accept")
 
 
 @click.group()
@@ -140,14 +155,15 @@ def steer_fit(obj: Ctx, space, vectors, texts, encoder, text_field, labels, name
         v = embed_and_register(reg, get_encoder, space=space, X=X, texts=items if X is None else None, encoder=encoder,
                                items=items, progress=progress, name=name, labels=y, params=params,
                                random_state=random_state, alias=alias, description=description, warn=warn,
+                               allow_unreliable=allow_unreliable,
                                inputs={"via": "cli", "vectors": vectors and str(Path(vectors).resolve()),
                                        "texts": texts and str(Path(texts).resolve()),
                                        "labels": str(Path(labels).resolve())})
     finally:
         close()
-    emit(v.to_dict(), as_json, f"registered steer {v.ref} ({v.method}, rank {v.rank}, space {v.space})"
-                               f"{' as @' + alias if alias else ''}")
-    _exit_if_unreliable(v, allow_unreliable)
+    record, tail = _registered(v, alias)
+    emit(record, as_json, f"registered steer {v.ref} ({v.method}, rank {v.rank}, space {v.space}){tail}")
+    _exit_if_unreliable(v, alias, allow_unreliable)
 
 
 @steer.command("apply")
@@ -200,11 +216,13 @@ def steer_transfer(obj: Ctx, ref, map_ref, name, alias, description, as_json, al
 
     W_B = H^T W_A H (H = pinv(M)^T), with the map's frames folded in so that eps moves results about
     as far in the new space as in the old (align.transfer_steer)."""
-    v = transfer_and_register(obj.registry, ref, map_ref, name=name, alias=alias, description=description)
-    emit(v.to_dict(), as_json, f"registered steer {v.ref} in space {v.space} (carried from "
-                               f"{v.params.get('steer', ref)} through {v.params.get('map', map_ref)}; eps scale "
-                               f"{v.metrics.get('eps_scale', 1.0):.3g}){' as @' + alias if alias else ''}")
-    _exit_if_unreliable(v, allow_unreliable)
+    v = transfer_and_register(obj.registry, ref, map_ref, name=name, alias=alias, description=description,
+                              allow_unreliable=allow_unreliable)
+    record, tail = _registered(v, alias)
+    emit(record, as_json, f"registered steer {v.ref} in space {v.space} (carried from "
+                          f"{v.params.get('steer', ref)} through {v.params.get('map', map_ref)}; eps scale "
+                          f"{v.metrics.get('eps_scale', 1.0):.3g}){tail}")
+    _exit_if_unreliable(v, alias, allow_unreliable)
 
 
 alias_command(steer, "Point steer NAME@ALIAS at VERSION (or --delete it); a bare NAME means its prod version "

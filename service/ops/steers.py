@@ -41,7 +41,7 @@ __all__ = ["STEER_PARAMS", "STEER_METHOD_NAMES", "check_steer_params", "check_st
            "space_for_rows", "fit_and_register", "embed_and_register", "apply_steer_job", "steer_lens", "describe_lens",
            "set_steer_alias", "delete_steer_alias", "delete_steer_version", "bare_steer_ref", "transfer_and_register",
            "steer_queries", "check_steer_eps", "steer_file", "steer_text_encoder", "check_steer_rows", "fit_verdict",
-           "unreliable_steer_note", "STEER_MIN_HELDOUT_GAIN"]
+           "unreliable_steer_note", "alias_held_back", "STEER_MIN_HELDOUT_GAIN"]
 
 # Accepted fit parameters and their defaults (the API schema can mirror this). The seed is no parameter: it is the
 # fit's own `random_state` (every face has one, default 0).
@@ -230,19 +230,32 @@ def _transfer_verdict(s_info, m_info) -> dict:
     return {**out, "reliable": True} if s_info.metrics.get("reliable") is True else out
 
 
-def _held_back(alias: str | None, verdict: dict) -> str | None:
+def _held_back(alias: str | None, verdict: dict, allow: bool = False) -> str | None:
     """The alias a new version takes: none when it is flagged unreliable (as a map fit's: the alias stays where it
-    was, and a bare name skips the version, :meth:`~service.registry.core.Registry.resolve_steer`)."""
-    return None if verdict.get("reliable") is False else alias
+    was, and a bare name skips the version, :meth:`~service.registry.core.Registry.resolve_steer`), unless ``allow``
+    (``--allow-unreliable``: the user accepts the flagged steer and asked for the alias)."""
+    return None if verdict.get("reliable") is False and not allow else alias
 
 
-def unreliable_steer_note(info) -> str | None:
-    """What every face says of a steer version flagged unreliable (None for any other)."""
+def alias_held_back(info, alias: str | None) -> str | None:
+    """``alias`` when a registration asked for it and the new version ``info`` did not take it (flagged
+    unreliable, :func:`_held_back`), else None: every face says so (CLI, the fit job's ``alias_held_back``)."""
+    return alias if alias and alias not in (info.aliases or ()) else None
+
+
+def unreliable_steer_note(info, held_back: str | None = None) -> str | None:
+    """What every face says of a steer version flagged unreliable (None for any other); ``held_back``: the alias
+    the registration asked for and did not move (:func:`alias_held_back`)."""
     if info.metrics.get("reliable") is not False:
         return None
+    moved = [a for a in info.aliases or () if a]
+    alias = (f"alias {held_back!r} not moved to it (move it by hand: `vecbridge steer alias {info.name} {held_back} "
+             f"{info.version}`)" if held_back else
+             f"alias {', '.join(map(repr, moved))} moved to it as asked" if moved else "")
     return (f"steer {info.ref} is flagged unreliable ({info.metrics.get('unreliable_reason') or 'no reason recorded'})"
-            f": registered for inspection, its alias not moved and a bare name not using it; it may not move results "
-            f"toward its labels")
+            f": registered for inspection{', ' + alias if alias else ''}; a bare name does not use it"
+            f"{' unless an alias it follows points at it' if moved else ''}; it may not move results toward its "
+            f"labels")
 
 
 def _sha(arr: np.ndarray) -> str:
@@ -252,12 +265,13 @@ def _sha(arr: np.ndarray) -> str:
 def fit_and_register(registry, *, name: str, space: str, X: np.ndarray, labels, params: dict | None = None,
                      random_state: int | None = None, alias: str | None = None, items: Sequence[str] | None = None,
                      description: str = "", inputs: dict | None = None, lens_k: int = LENS_K,
-                     progress: Progress | None = None, encoder: str | None = None):
+                     progress: Progress | None = None, encoder: str | None = None, allow_unreliable: bool = False):
     """Fit a steer on ``X`` (n, d) with ``labels`` (n,) in {-1, 0, +1} and register it in ``space`` (created with
     the version when new, ``encoder`` recorded on it).
 
     ``items`` (n strings: the texts, or any names of the rows) make the stored lens name the
-    extreme items of each direction. Returns the :class:`~service.registry.SteerInfo`.
+    extreme items of each direction. ``alias`` is not moved to a steer flagged unreliable unless
+    ``allow_unreliable`` (:func:`alias_held_back` says so). Returns the :class:`~service.registry.SteerInfo`.
     """
     labels = np.asarray(labels)
     if labels.ndim != 1 or labels.shape[0] != X.shape[0]:
@@ -272,7 +286,7 @@ def fit_and_register(registry, *, name: str, space: str, X: np.ndarray, labels, 
         name, steer, space=space, params=p, random_state=p["random_state"],
         data_hashes={"X": _sha(X.astype(np.float32)), "labels": _sha(labels.astype(np.int64)), "n": int(X.shape[0])},
         metrics={**{k: v for k, v in steer.metadata.items() if k in _METRICS}, **verdict},
-        alias=_held_back(alias, verdict), description=description, inputs=inputs or {},
+        alias=_held_back(alias, verdict, allow_unreliable), description=description, inputs=inputs or {},
         lens=steer_lens(steer, X, items, k=lens_k), encoder=encoder)
 
 
@@ -469,8 +483,10 @@ def bare_steer_ref(registry, name: str) -> str | None:
 
 
 def transfer_and_register(registry, steer_ref: str, map_ref: str, *, name: str | None = None,
-                          alias: str | None = None, description: str = "", load_map=None, load_steer=None):
-    """Carry steer ``steer_ref`` through map ``map_ref`` and register it in the map's target space.
+                          alias: str | None = None, description: str = "", load_map=None, load_steer=None,
+                          allow_unreliable: bool = False):
+    """Carry steer ``steer_ref`` through map ``map_ref`` and register it in the map's target space (``alias`` not
+    moved to a steer flagged unreliable unless ``allow_unreliable``, as :func:`fit_and_register`).
 
     ``name`` defaults to ``{source steer's name}-{target space}`` (the source's own name is bound to its space:
     across spaces it always conflicted); a default over the 128-character name limit is an InvalidNameError asking
@@ -502,7 +518,7 @@ def transfer_and_register(registry, steer_ref: str, map_ref: str, *, name: str |
         name, moved, space=target, params={"method": "transfer", "steer": s_info.ref, "map": m_info.ref},
         metrics={"approximate": bool(moved.metadata.get("approximate")),
                  "eps_scale": float(moved.metadata.get("eps_scale", 1.0)), **verdict},
-        alias=_held_back(alias, verdict), description=description,
+        alias=_held_back(alias, verdict, allow_unreliable), description=description,
         inputs={"via": "transfer", "steer": s_info.ref, "map": m_info.ref},
         lens=[])
 

@@ -82,6 +82,35 @@ def test_a_steer_fitted_on_shuffled_labels_is_flagged_and_exits_1(world, capsys)
     assert not (tmp / "o.npy").exists()
 
 
+def test_a_flagged_fit_says_where_its_alias_is_and_allow_unreliable_moves_it(world, capsys):
+    """A review's find: a flagged fit with ``--alias prod`` printed "registered steer NAME:N ... as @prod" though the
+    alias was held back; with ``--allow-unreliable`` too, exit 0, the same line, nothing about the flag, and then
+    ``steer apply --steer NAME`` failed and ``steer show NAME@prod`` said no alias prod. Now without it the line says
+    the alias was not moved (``alias_held_back`` in --json); with it the user asked for the alias: it moves, the
+    flag is a warning on stderr, and the bare name applies the version."""
+    tmp, n = world["tmp"], 1500  # flagged on shuffled labels at this size (the test below)
+    np.save(tmp / "mi_small.npy", world["mi"][:n])
+    np.save(tmp / "labels_small.npy", world["labels"][:n])
+    np.save(tmp / "shuffled_small.npy", np.random.default_rng(0).permutation(world["labels"][:n]))
+    base = ("steer", "fit", "--space", "minilm", "--vectors", tmp / "mi_small.npy", "--quiet", "--name", "mood",
+            "--alias", "prod")
+    assert cli(capsys, world, *base, "--labels", tmp / "labels_small.npy")[0] == 0
+    code, out, err = cli(capsys, world, *base, "--labels", tmp / "shuffled_small.npy")
+    assert code == 1 and out.startswith("registered steer mood:2 ") and "as @prod" not in out, out
+    assert "alias prod not moved (flagged)" in out and "alias prod not moved (flagged)" in err, (out, err)
+    assert "--allow-unreliable to accept it and move the alias" in err, err
+    code, out, err = cli(capsys, world, *base, "--labels", tmp / "shuffled_small.npy", "--json")
+    assert code == 1 and json.loads(out)["alias_held_back"] == "prod" and json.loads(out)["aliases"] == [], out
+    assert json.loads(cli(capsys, world, "steer", "show", "mood@prod", "--json")[1])["version"] == 1
+    code, out, err = cli(capsys, world, *base, "--labels", tmp / "shuffled_small.npy", "--allow-unreliable")
+    assert code == 0 and out.startswith("registered steer mood:4 ") and out.rstrip().endswith("as @prod"), out
+    assert err.startswith("vecbridge: warning: steer mood:4 is flagged unreliable (") and "moved to it" in err, err
+    assert json.loads(cli(capsys, world, "steer", "show", "mood@prod", "--json")[1])["version"] == 4
+    code, out, err = cli(capsys, world, "steer", "apply", "--steer", "mood", tmp / "mi_small.npy",
+                         tmp / "mood.npy", "--rows", "0:10", "--json")
+    assert code == 0 and json.loads(out)["steer"] == "mood:4", (out, err)
+
+
 @pytest.mark.parametrize("n", [400, 1500])
 def test_a_small_fit_on_shuffled_labels_is_flagged_and_one_on_real_labels_is_not(world, n):
     """The held-out check scored each held-out fold with a prior line (the mean-shift direction) computed from every
@@ -115,6 +144,13 @@ def test_a_steer_carried_through_an_unreliable_map_is_flagged(world, capsys):
     assert code == 1 and "topic-e5:1 is flagged UNRELIABLE (carried through map bad:1, flagged unreliable" in err, err
     m = json.loads(out)["metrics"]
     assert m["reliable"] is False and m["map_reliable"] is False and m["heldout_loss_ratio"] < 0.8, m
+    # --alias: held back from the flagged steer, and said so; --allow-unreliable moves it (the flag a warning)
+    code, out, err = cli(capsys, world, "steer", "transfer", "--steer", "topic", "--map", "bad:1", "--alias", "prod")
+    assert code == 1 and "as @prod" not in out and "alias prod not moved (flagged)" in out + err, (out, err)
+    code, out, err = cli(capsys, world, "steer", "transfer", "--steer", "topic", "--map", "bad:1", "--alias", "prod",
+                         "--allow-unreliable", "--json")
+    assert code == 0 and json.loads(out)["aliases"] == ["prod"] and json.loads(out)["alias_held_back"] is None, out
+    assert "warning: steer topic-e5:3 is flagged unreliable (carried through map bad:1" in err, err
     code, out, err = cli(capsys, world, "steer", "transfer", "--steer", "topic", "--map", "good", "--json")
     assert code == 0 and err == "", err
     m = json.loads(out)["metrics"]
@@ -135,7 +171,7 @@ def test_http_fit_job_says_so_and_succeeds(world, tmp_path):
         got = {}
         for name, y in (("topic", labels), ("noise", np.random.default_rng(0).permutation(labels))):
             r = c.post("/v1/steers", headers=W, json={"name": name, "space": "minilm", "vectors_b64": b64,
-                                                      "dim": 384, "labels": y.tolist()})
+                                                      "dim": 384, "labels": y.tolist(), "alias": "prod"})
             assert r.status_code == 202, r.text
             got[name] = wait_job(http_job(c, R), r.json()["id"], timeout=300)
         for name, flagged in (("topic", False), ("noise", True)):
@@ -145,3 +181,7 @@ def test_http_fit_job_says_so_and_succeeds(world, tmp_path):
             assert m["reliable"] is (not flagged) and (len(notes) == 1) is flagged, job["result"]
             assert c.get(f"/v1/steers/{name}", headers=R).json()["metrics"]["reliable"] is (not flagged)
         assert "does not separate its labels" in got["noise"]["result"]["notes"][0]
+        # the alias asked for: moved to the reliable steer, held back from the flagged one, in a field and a note
+        assert got["topic"]["result"]["alias_held_back"] is None and got["topic"]["result"]["steer"]["aliases"]
+        assert got["noise"]["result"]["alias_held_back"] == "prod", got["noise"]["result"]
+        assert "alias 'prod' not moved to it" in got["noise"]["result"]["notes"][0]

@@ -37,7 +37,8 @@ registered `steer` version. Rows are `vectors`, `vectors_b64` + `dim`, or `texts
 `encoder`, default the space's); `labels` give one value per row (+1 / -1 / 0 neutral).
 The lens is stored with the version when the rows have names (`texts`, or `items` with vectors).
 A steer whose own held-out check does not separate its labels is registered flagged unreliable
-(`metrics.reliable` false, `metrics.unreliable_reason`; the job's `notes` say so).
+(`metrics.reliable` false, `metrics.unreliable_reason`; the job's `notes` say so) and its `alias` is not
+moved to it: the result's `alias_held_back` names it (null when the alias moved, or none was asked for).
 `Idempotency-Key` works as for map fits.
 """
 
@@ -71,8 +72,9 @@ def create_steer(body: bytes, request, state, settings):
             references=None if X is None else (lambda: state.space_references(X.shape[1])),
             items=opts.items, inputs={"via": "http"}, progress=ctx.progress, name=opts.name, labels=opts.labels,
             params=opts.params, random_state=opts.random_state, alias=opts.alias, description=opts.description)
-        note = steer_ops.unreliable_steer_note(v)  # registered either way; the job succeeds (as a map fit's)
-        return {"ref": v.ref, "steer": v.to_dict(), "notes": [note] if note else []}
+        held = steer_ops.alias_held_back(v, opts.alias)  # a flagged fit's alias stays where it was: said, as the CLI
+        note = steer_ops.unreliable_steer_note(v, held)  # registered either way; the job succeeds (as a map fit's)
+        return {"ref": v.ref, "steer": v.to_dict(), "alias_held_back": held, "notes": [note] if note else []}
 
     return job, f"steer fit {opts.name}"
 

@@ -277,6 +277,8 @@ def test_a_stop_kept_past_the_commit_of_a_fit_flagged_unreliable_still_stops_it(
                        capture_output=True, text=True, timeout=300, check=False)
     assert "flagged UNRELIABLE" in p.stderr, p.stderr  # the fit this is about: exit 1 had it not been stopped
     assert p.returncode == 130, (p.returncode, p.stdout, p.stderr)
+    # its line promised "exit 1" before the exit 130 (a review's find): it now names only the way to accept it
+    assert "exit 1" not in p.stderr and "(--allow-unreliable to accept)" in p.stderr, p.stderr
     assert p.stdout.startswith("registered "), p.stdout
     assert "Traceback" not in p.stderr and "the result above stands" in p.stderr, p.stderr
     assert _last_line(p.stderr).startswith("vecbridge: interrupted"), p.stderr
