@@ -51,6 +51,7 @@ from .validation import (as_matrix, as_real_array, check_eps, check_labels, chec
                          check_representable, check_row_scale, seed_record)
 from .frames import row_norms
 from .options import check_batch_size, check_callable, check_number
+from .steer_local import fit_local, shift_line
 from .steer_transfer import transfer_steer
 from .exceptions import (
     ConvergenceWarning,
@@ -583,8 +584,6 @@ def fit_steer(X, labels, *, rank: int = 16, method: str = "local", temperature: 
                             prior_weight=prior_weight, n_folds=n_folds, dim=d)
     rng = check_random_state(random_state)
     if method == "local":
-        from .steer_local import fit_local
-
         return fit_local(X, labels, n_queries=o["n_queries"], n_neighbors=o["n_neighbors"], ridge=o["ridge"],
                          opposite_weight=o["opposite_weight"], prior_weight=o["prior_weight"], n_folds=o["n_folds"],
                          rng=rng, random_state=random_state, callback=callback)
@@ -632,7 +631,7 @@ def fit_mean_shift(X, labels) -> MeanShift:
     """Baseline steer: ``v = mean(X[labels == +1]) - mean(X[labels == -1])`` (d,)."""
     X = as_matrix(X, name="X", min_rows=2)
     labels = check_labels(labels, X.shape[0])
-    v = X[labels == 1].mean(axis=0, dtype=np.float64) - X[labels == -1].mean(axis=0, dtype=np.float64)
+    v = shift_line(X, labels)  # the line the local steer's prior shrinks toward (align.steer_local)
     if not np.any(v):  # identical rows (or class means): the steer would be a no-op, returned silently before
         raise DegenerateInputError("X: the rows labelled +1 and -1 have the same mean; there is no direction to "
                                    "steer along")

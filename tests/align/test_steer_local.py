@@ -262,3 +262,17 @@ def test_eps_one_keeps_about_half_of_a_real_search(animals):
     assert cur[2][1] > cur[0][1], cur                      # the attribute's share still rises with eps
     cal = steer.metadata["calibration"]
     assert 0.45 <= cal["searched_overlap_at_eps_1"] <= 0.55, cal
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_the_mean_shift_baseline_is_the_line_the_local_prior_shrinks_toward(split, dtype):
+    """fit_mean_shift computed its own copy of shift_line's line; it now uses shift_line: the same numbers bit for
+    bit as the mean-shift's definition (float64 means of each side's rows, stored as the MeanShift keeps them), and
+    as the local steer's prior line."""
+    from align.steer_local import shift_line
+
+    X, labels = np.asarray(split[0], dtype), split[1]
+    v = fit_mean_shift(X, labels).v
+    want = X[labels == 1].mean(axis=0, dtype=np.float64) - X[labels == -1].mean(axis=0, dtype=np.float64)
+    assert np.array_equal(v, want.astype(v.dtype))  # stored as MeanShift keeps it
+    assert np.array_equal(v, shift_line(X, labels).astype(v.dtype))
