@@ -285,6 +285,8 @@ class VersionedStore:
 
         ``before(t)`` runs first in the same transaction (e.g. creating the spaces). A write that fails removes the
         artifact it stored (:meth:`ArtifactStore.discard`: not one a committed version names or another writer holds).
+        An error from the commit itself or from the read-back after it carries ``vecbridge_maybe_committed`` (the
+        version may exist: :func:`service.registry.retry.may_have_committed`); one before the rows were written not.
         """
         created = values["created_at"]
         if "inputs" in values:  # a file name that is not UTF-8 (see utf8_safe): every answer naming it was a 500
@@ -299,22 +301,30 @@ class VersionedStore:
             if alias is not None:
                 self.put_alias(t, name, alias, version)
             self._hook("version_inserted")
+            written.append(version)  # from here an error may come with or after the commit
             return version
 
         stored: list[str] = []  # what put_new wrote, listed before its write: it may raise after the rename
+        written: list[int] = []
         try:
             with self.store.pinned():  # to the commit: a failed write never removes the artifact under this version
                 sha, rel, _ = self.store.put_new(*artifact, written=stored)
                 self._hook("artifact_stored")  # stored (or found there), not yet named by a row: gc keeps it (pinned)
                 values = {**values, "artifact_sha256": sha, "artifact_path": rel}
                 version = self._write(fn)
-        except BaseException:  # e.g. a full disk at the commit: the artifact it stored leaked, ~0.6 MB a retry
+        except BaseException as exc:  # e.g. a full disk at the commit: the artifact it stored leaked, ~0.6 MB a retry
+            if written:
+                exc.vecbridge_maybe_committed = True
             if stored:
                 with suppress(Exception):  # best effort (the database may be what failed): never hides the error
                     self.store.discard(stored, lambda: artifacts_in_use(self.db))
             raise
-        self._hook("committed")
-        return self.get(name, version)
+        try:
+            self._hook("committed")
+            return self.get(name, version)
+        except Exception as exc:  # the version was committed: its answer is what was lost
+            exc.vecbridge_maybe_committed = True
+            raise
 
     # --- read ---------------------------------------------------------------------------------
     def get(self, name: str, version: int) -> Record:

@@ -13,10 +13,11 @@ server that is down) or statement timeout (30 s, behind a lock). A registry that
 
 The answer of a try can be lost after its commit went through (the connection dropped between the commit and the
 read-back). ``found()`` is asked before each retry and once more before the last error is raised; when it cannot
-answer then either (the registry still away), the registration may have happened: the error is marked
-(:func:`may_have_committed`) and a job failed with it keeps its Idempotency-Key, since a resubmission could
-register the map twice. A cancel (or a shutdown) during a wait is honoured only when ``found()`` does not find the
-version: a fit whose version was committed succeeds with it.
+answer then either (the registry still away) and a try failed at or after its commit (not at connect or at the lock:
+those never wrote), the registration may have happened: the error is marked (:func:`may_have_committed`) and a job
+failed with it keeps its Idempotency-Key, since a resubmission could register the map twice. A cancel (or a
+shutdown) during a wait is honoured only when ``found()`` does not find the version: a fit whose version was
+committed succeeds with it.
 """
 
 from __future__ import annotations
@@ -70,23 +71,27 @@ def until_registered(register: Callable[[], T], progress: Callable[[str, float],
     spent)`` (which may raise Cancelled) and a warning naming ``what``. ``found()``, asked before each retry and before
     the last error or a cancel is raised, returns what an earlier try registered after all (its commit went through,
     the answer was lost), else None: that is returned instead of registering twice or failing. The last error is
-    marked :func:`may_have_committed` when ``found()`` could not answer. ``waits`` None: :data:`REGISTER_WAITS` as
-    it is now."""
+    marked :func:`may_have_committed` when ``found()`` could not answer and some try failed at or after its commit
+    (the registration's own mark: a try refused at connect or at the lock never wrote). ``waits`` None:
+    :data:`REGISTER_WAITS` as it is now."""
     waits = REGISTER_WAITS if waits is None else waits
     total = sum(waits) or 1.0
     spent = 0.0
+    maybe = False  # some try failed at or after its commit
     for attempt, wait in enumerate((*waits, None), start=1):
         try:
             if attempt > 1 and found is not None and (done := found()) is not None:
                 return done
             return register()
         except RegistryUnavailableError as exc:
+            maybe = maybe or may_have_committed(exc)
             if wait is None or retry_after_of(exc) is None:
                 done, answered = _look(found)  # a commit may have gone through before the error: not a failure then
                 if done is not None:
                     return done
-                if not answered:  # the registry still away: the commit may have happened (a duplicate is worse)
-                    exc.vecbridge_maybe_committed = True
+                # the registry still away and a try reached its commit: it may have happened (a duplicate is worse);
+                # found() answered "no", or no try wrote: it did not
+                exc.vecbridge_maybe_committed = maybe and not answered
                 raise
             _log.warning("registry unavailable: retrying the registration", extra={"fields": {
                 "what": what, "attempt": attempt, "retry_in_s": wait, "error": str(exc)}})

@@ -190,6 +190,40 @@ def test_a_job_whose_registration_may_have_been_committed_keeps_its_idempotency_
         mgr.shutdown(wait=True)
 
 
+def test_a_fit_locked_out_at_every_try_lets_its_idempotency_key_go(reg, tmp_path, monkeypatch):
+    """A review's find: a fit whose registry was locked from its register step on (no try wrote a row) was marked
+    "may have been committed" because the last look-up could not answer either, so its key was kept and the same key
+    answered the failed job (the deploy script stuck again). Only a try that failed at or after its commit marks it:
+    this one says its key is free, and a resubmission runs a new job."""
+    monkeypatch.setattr("service.registry.retry.REGISTER_WAITS", (0.01, 0.01))
+    holder = _Holder(tmp_path / "reg.sqlite")
+    X, Y, _ = planted(200)
+
+    def fit(ctx):
+        def progress(stage, fraction):
+            if stage == "register" and not holder.held:
+                holder.take()
+            ctx.progress(stage, fraction)
+
+        return {"ref": run_fit(reg, name="a2b", source=X, target=Y, method="procrustes", paired=True,
+                               source_space="a", target_space="b", progress=progress).ref}
+
+    mgr = JobManager(workers=1, max_queued=4, store=JobStore(tmp_path / "jobs.sqlite"))
+    mgr.open()
+    try:
+        first, _ = mgr.submit(fit, kind="fit", idempotency_key="deploy-42", request_hash="h")
+        failed = wait_job(mgr.get, first.id)
+        holder.free()
+        assert failed.state == "failed" and failed.error["type"] == "RegistryLockedError", failed.error
+        assert "Idempotency-Key is free again" in failed.error["message"], failed.error["message"]
+        assert reg.list_maps() == []  # nothing was registered
+        again, created = mgr.submit(fit, kind="fit", idempotency_key="deploy-42", request_hash="h")
+        assert created and again.id != first.id
+    finally:
+        holder.free()
+        mgr.shutdown(wait=True)
+
+
 def test_a_fit_committed_before_its_last_error_returns_its_version(reg, monkeypatch):
     """The last try's commit went through and only its answer was lost: the fit failed (a resubmission then
     registered the map twice). One more look before the last error finds the version: the fit returns it."""
