@@ -134,6 +134,7 @@ class AppState:
         self.registry_probe = None  # (future, start time) of /readyz's registry query (routers/ops.py)
         self.artifacts_checked: tuple[float | None, str] = (None, "ok")  # (monotonic time, what /readyz said)
         self.artifacts_probe = None  # (future, start time) of /readyz's look at the artifact folder
+        self.data_dir_probe = None  # (future, start time) of /readyz's look at the folders it writes to
         self.indexes = IndexStore(Path(settings.data_dir) / "indexes", observer=self.metrics)
         self.metrics.index_lives = self.indexes.lives  # a scrape leaves out indexes dropped (re-created) meanwhile
         self.jobs = JobManager(settings.job_workers, settings.max_queued_jobs, metrics=self.metrics,

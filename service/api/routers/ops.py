@@ -52,8 +52,11 @@ async def readyz(request: Request):
 
         s = state.settings  # the folders it writes to, the artifact and report dirs set apart included
         folders = (s.resolved_artifact_dir(), s.resolved_report_dir(), Path(s.data_dir) / "indexes")
-        checks["data_dir"] = await run_in_threadpool(data_dir_status, s.data_dir, s.min_free_bytes,
-                                                     state.opened_files(), folders)
+        try:  # one look at a time within READY_WAIT_S: a hung mount held a thread per probe (a review's find)
+            checks["data_dir"] = await _within_wait(state, "data_dir_probe", lambda: data_dir_status(
+                s.data_dir, s.min_free_bytes, state.opened_files(), folders))
+        except TimeoutError as waited:
+            checks["data_dir"] = f"error: no answer from the data dir's folders for {waited.args[0]:.1f} s"
         ok = (checks["registry"] == "ok" and checks.get("artifacts") == "ok" and loaded and checks["data_dir"] == "ok"
               and state.preload.ready)
     return FastJSONResponse({"status": "ready" if ok else "not ready", "checks": checks},

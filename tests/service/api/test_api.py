@@ -470,6 +470,48 @@ def test_one_lost_file_of_a_registry_of_two_versions_leaves_the_replicas_ready(t
         assert r.status_code == 500 and r.json()["error"]["type"] == "IntegrityError", r.text
 
 
+def test_readiness_looks_at_a_hung_data_dir_with_one_thread_and_answers_in_time(tmp_path, monkeypatch):
+    """A review's find: the artifact check was one look at a time, but /readyz's look at the folders it writes to
+    (``data_dir_status``: is_dir, access, statvfs of the data, artifact and report dirs) still ran in a new pool thread
+    per probe, without a time limit: a hung mount held one more thread per probe. Now one look at a time, answered
+    within READY_WAIT_S as "no answer"."""
+    import asyncio
+    import threading
+
+    import httpx
+
+    from service import storage
+
+    hung, release, looks = threading.Event(), threading.Event(), []
+    real = storage.data_dir_status
+
+    def status(*args, **kw):
+        if hung.is_set():
+            looks.append(1)
+            release.wait(20)
+        return real(*args, **kw)
+
+    app = create_app(settings_for(tmp_path))
+
+    async def main():
+        async with app.router.lifespan_context(app), httpx.AsyncClient(
+                transport=httpx.ASGITransport(app=app), base_url="http://t") as c:
+            assert (await c.get("/readyz")).status_code == 200
+            monkeypatch.setattr(storage, "data_dir_status", status)
+            hung.set()
+            try:
+                answers = await asyncio.gather(*(c.get("/readyz") for _ in range(30)))
+                assert {a.status_code for a in answers} == {503}
+                assert {a.json()["checks"]["data_dir"][:45] for a in answers} == {
+                    "error: no answer from the data dir's folders "}, answers[0].text
+                assert len(looks) == 1  # one thread for 30 probes
+                assert (await c.get("/v1/maps", headers=R)).status_code == 200  # the pool still has threads
+            finally:
+                release.set()
+
+    asyncio.run(main())
+
+
 def test_readiness_looks_at_a_hung_artifact_folder_with_one_thread_and_answers_in_time(tmp_path, monkeypatch):
     """QA 4803: /readyz's artifact check ran a query and 8 ``stat``s in a new pool thread per probe, without a time
     limit: an artifact folder that stops answering (a hard NFS mount) held one more thread per probe until the pool
