@@ -30,9 +30,9 @@ __all__ = ["steer"]
 _ref_opt = click.option("--steer", "ref", required=True, help="NAME, NAME@alias or NAME:version.")
 _allow_unreliable_opt = click.option(
     "--allow-unreliable", is_flag=True,
-    help="Exit 0 even when the steer is flagged unreliable (registered either way, flagged in its metrics), with a "
-         "warning, and move --alias to it (held back otherwise): its own held-out check found no gain from its labels, "
-         "or it was carried through a map (or from a steer) flagged so.")
+    help="Exit 0 even when the steer is flagged unreliable (registered either way, flagged in its metrics; a "
+         "warning says so): its own held-out check found no gain from its labels, or it was carried through a map (or "
+         "from a steer) flagged so. --alias is held back either way, as for a map: `steer alias` moves it by hand.")
 
 
 def _registered(v, alias: str | None) -> tuple[dict, str]:
@@ -45,7 +45,8 @@ def _registered(v, alias: str | None) -> tuple[dict, str]:
 
 def _exit_if_unreliable(v, alias: str | None, allow: bool) -> None:
     """After a registration flagged unreliable: exit 1 (as ``vecbridge fit`` does for a map), its ``--alias`` not
-    moved; with ``allow`` (``--allow-unreliable``) the flag is a warning and the command goes on (the alias moved)."""
+    moved; with ``allow`` (``--allow-unreliable``) the flag is a warning and the command goes on (the alias still not
+    moved, as a map fit's: ``steer alias`` moves it by hand)."""
     held = alias_held_back(v, alias)
     if not unreliable_steer_note(v, held):
         return
@@ -55,7 +56,7 @@ def _exit_if_unreliable(v, alias: str | None, allow: bool) -> None:
     exit_flagged(f"{v.ref} is flagged UNRELIABLE ({v.metrics.get('unreliable_reason')}): it stays in the registry "
                  f"for inspection, but may not move results toward its labels"
                  f"{f'; alias {held} not moved (flagged)' if held else ''}",
-                 "accept it and move the alias" if held else "accept")
+                 "accept")
 
 
 @click.group()
@@ -155,7 +156,6 @@ def steer_fit(obj: Ctx, space, vectors, texts, encoder, text_field, labels, name
         v = embed_and_register(reg, get_encoder, space=space, X=X, texts=items if X is None else None, encoder=encoder,
                                items=items, progress=progress, name=name, labels=y, params=params,
                                random_state=random_state, alias=alias, description=description, warn=warn,
-                               allow_unreliable=allow_unreliable,
                                inputs={"via": "cli", "vectors": vectors and str(Path(vectors).resolve()),
                                        "texts": texts and str(Path(texts).resolve()),
                                        "labels": str(Path(labels).resolve())})
@@ -216,8 +216,7 @@ def steer_transfer(obj: Ctx, ref, map_ref, name, alias, description, as_json, al
 
     W_B = H^T W_A H (H = pinv(M)^T), with the map's frames folded in so that eps moves results about
     as far in the new space as in the old (align.transfer_steer)."""
-    v = transfer_and_register(obj.registry, ref, map_ref, name=name, alias=alias, description=description,
-                              allow_unreliable=allow_unreliable)
+    v = transfer_and_register(obj.registry, ref, map_ref, name=name, alias=alias, description=description)
     record, tail = _registered(v, alias)
     emit(record, as_json, f"registered steer {v.ref} in space {v.space} (carried from "
                           f"{v.params.get('steer', ref)} through {v.params.get('map', map_ref)}; eps scale "

@@ -230,11 +230,11 @@ def _transfer_verdict(s_info, m_info) -> dict:
     return {**out, "reliable": True} if s_info.metrics.get("reliable") is True else out
 
 
-def _held_back(alias: str | None, verdict: dict, allow: bool = False) -> str | None:
-    """The alias a new version takes: none when it is flagged unreliable (as a map fit's: the alias stays where it
-    was, and a bare name skips the version, :meth:`~service.registry.core.Registry.resolve_steer`), unless ``allow``
-    (``--allow-unreliable``: the user accepts the flagged steer and asked for the alias)."""
-    return None if verdict.get("reliable") is False and not allow else alias
+def _held_back(alias: str | None, verdict: dict) -> str | None:
+    """The alias a new version takes: none when it is flagged unreliable (as a map fit's, ``--allow-unreliable`` or
+    not: the alias stays where it was, and a bare name skips the version,
+    :meth:`~service.registry.core.Registry.resolve_steer`; ``steer alias`` moves it by hand)."""
+    return None if verdict.get("reliable") is False else alias
 
 
 def alias_held_back(info, alias: str | None) -> str | None:
@@ -265,13 +265,13 @@ def _sha(arr: np.ndarray) -> str:
 def fit_and_register(registry, *, name: str, space: str, X: np.ndarray, labels, params: dict | None = None,
                      random_state: int | None = None, alias: str | None = None, items: Sequence[str] | None = None,
                      description: str = "", inputs: dict | None = None, lens_k: int = LENS_K,
-                     progress: Progress | None = None, encoder: str | None = None, allow_unreliable: bool = False):
+                     progress: Progress | None = None, encoder: str | None = None):
     """Fit a steer on ``X`` (n, d) with ``labels`` (n,) in {-1, 0, +1} and register it in ``space`` (created with
     the version when new, ``encoder`` recorded on it).
 
     ``items`` (n strings: the texts, or any names of the rows) make the stored lens name the
-    extreme items of each direction. ``alias`` is not moved to a steer flagged unreliable unless
-    ``allow_unreliable`` (:func:`alias_held_back` says so). Returns the :class:`~service.registry.SteerInfo`.
+    extreme items of each direction. ``alias`` is not moved to a steer flagged unreliable
+    (:func:`alias_held_back` says so). Returns the :class:`~service.registry.SteerInfo`.
     """
     labels = np.asarray(labels)
     if labels.ndim != 1 or labels.shape[0] != X.shape[0]:
@@ -286,7 +286,7 @@ def fit_and_register(registry, *, name: str, space: str, X: np.ndarray, labels, 
         name, steer, space=space, params=p, random_state=p["random_state"],
         data_hashes={"X": _sha(X.astype(np.float32)), "labels": _sha(labels.astype(np.int64)), "n": int(X.shape[0])},
         metrics={**{k: v for k, v in steer.metadata.items() if k in _METRICS}, **verdict},
-        alias=_held_back(alias, verdict, allow_unreliable), description=description, inputs=inputs or {},
+        alias=_held_back(alias, verdict), description=description, inputs=inputs or {},
         lens=steer_lens(steer, X, items, k=lens_k), encoder=encoder)
 
 
@@ -483,10 +483,9 @@ def bare_steer_ref(registry, name: str) -> str | None:
 
 
 def transfer_and_register(registry, steer_ref: str, map_ref: str, *, name: str | None = None,
-                          alias: str | None = None, description: str = "", load_map=None, load_steer=None,
-                          allow_unreliable: bool = False):
+                          alias: str | None = None, description: str = "", load_map=None, load_steer=None):
     """Carry steer ``steer_ref`` through map ``map_ref`` and register it in the map's target space (``alias`` not
-    moved to a steer flagged unreliable unless ``allow_unreliable``, as :func:`fit_and_register`).
+    moved to a steer flagged unreliable, as :func:`fit_and_register`).
 
     ``name`` defaults to ``{source steer's name}-{target space}`` (the source's own name is bound to its space:
     across spaces it always conflicted); a default over the 128-character name limit is an InvalidNameError asking
@@ -518,7 +517,7 @@ def transfer_and_register(registry, steer_ref: str, map_ref: str, *, name: str |
         name, moved, space=target, params={"method": "transfer", "steer": s_info.ref, "map": m_info.ref},
         metrics={"approximate": bool(moved.metadata.get("approximate")),
                  "eps_scale": float(moved.metadata.get("eps_scale", 1.0)), **verdict},
-        alias=_held_back(alias, verdict, allow_unreliable), description=description,
+        alias=_held_back(alias, verdict), description=description,
         inputs={"via": "transfer", "steer": s_info.ref, "map": m_info.ref},
         lens=[])
 
