@@ -73,6 +73,9 @@ class FileCheckpoint(Checkpoint):
     that a resume must give again (``--alias``, ``--index``, the field names ...: ``migrate --status`` prints the
     command), saved as ``options`` with each state; None leaves the state's own."""
 
+    #: options a resume may give that the first run did not (every other recorded option must be given again as it was)
+    ADDABLE = frozenset({"alias", "index", "source_space", "target_space"})
+
     def __init__(self, path, *, options: dict | None = None):
         self.path = Path(path)
         self.options = options
@@ -91,7 +94,26 @@ class FileCheckpoint(Checkpoint):
                                           "move it away to start afresh") from None
         if not isinstance(state, dict) or not {"source", "target", "map_fingerprint", "last_id"} <= set(state):
             raise CheckpointMismatchError(f"checkpoint {self.path} is not a migration checkpoint")
+        if not state.get("finished"):  # a finished run's rerun writes nothing: its options change nothing either
+            self._check_options(state.get("options"))
         return state
+
+    def _check_options(self, recorded) -> None:
+        """CheckpointMismatchError when this run's options differ from the ones the checkpoint's run recorded (a
+        review's find: a resume without the first run's ``--alias`` finished, said "finished", and never switched
+        the alias; another ``--index`` built another index). What the first run left unset (:data:`ADDABLE`: an
+        alias, an index, a space declaration) a resume may add; the field names it may not change at all; the data
+        dir is not compared (one registry may be named by several paths)."""
+        if self.options is None or not isinstance(recorded, dict):
+            return  # a status read, or a checkpoint of a release that recorded none
+        differ = [f"--{k.replace('_', '-')} {recorded.get(k)!r} (this run: {self.options.get(k)!r})"
+                  for k in sorted(set(recorded) | set(self.options))
+                  if k != "data_dir" and recorded.get(k) != self.options.get(k)
+                  and not (k in self.ADDABLE and recorded.get(k) is None)]
+        if differ:
+            raise CheckpointMismatchError(
+                f"checkpoint {self.path} was started with other options: {'; '.join(differ)}; give the same ones "
+                f"to resume it (`vecbridge migrate --status` prints the command), or move it away to start afresh")
 
     def save(self, state):
         if self.options is not None:

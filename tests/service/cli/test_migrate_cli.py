@@ -506,6 +506,12 @@ def test_the_resume_command_of_a_killed_alias_run_keeps_its_options_and_switches
     assert "not finished, interrupted" in line and "; resume: " in line, line
     command = line.split("; resume: ", 1)[1]
     assert "--store STORE " in command and "qdrant:" not in command, command
+    # a resume that drops the run's --alias (or changes what it recorded) is refused, its checkpoint untouched: it
+    # finished and said "finished" without ever switching the alias (a review's find)
+    dropped = vb(data, *common, "--target-space", "spb", "--index", "none", "--json")
+    assert dropped.returncode == 2 and "was started with other options: --alias 'docs_live9' (this run: None)" in (
+        dropped.stderr), (dropped.returncode, dropped.stderr)
+    assert "not finished, interrupted" in vb(data, *common, "--status").stdout
     argv = shlex.split(command.replace("--store STORE", "--store " + shlex.quote(world["store"])))
     assert argv[0] == "vecbridge" and argv[argv.index("--alias") + 1] == "docs_live9", argv
     assert argv[argv.index("--target-space") + 1] == "spb" and argv[1:3] == ["--data-dir", str(data.resolve())], argv
