@@ -38,7 +38,7 @@ __all__ = [
     "IndexAddResponse",
     "IndexDeleteResponse", "JobOut", "JobList", "ModelList", "EmbeddingsResponse",
     "SteerFitRequest", "SteerFitOptions", "SteerApplyRequest", "SteerApplyOptions", "SteerApplyResponse", "SteerOut",
-    "SteerDeleted", "SteerList", "SteerLens", "SteerTransferRequest", "SteerVersionList",
+    "SteerDeleted", "SteerList", "SteerLens", "SteerTransferRequest", "SteerTransferred", "SteerVersionList",
 ]
 
 
@@ -600,6 +600,12 @@ class SteerDeleted(SteerOut):
     bare_ref: str | None = Field(None, description="`name:N`: what a bare NAME resolves to now (its live `prod` "
                                  "version, else its newest live one not flagged unreliable); null when it means "
                                  "none (no live version left, or only flagged ones).")
+
+
+class SteerTransferred(SteerOut):
+    alias_held_back: str | None = Field(None, description="The `alias` asked for when the new version did not take "
+                                        "it (flagged unreliable: the alias stays where it was, as a map fit's); "
+                                        "null when it moved or none was asked for.")
 
 
 class SteerTransferRequest(_Strict):

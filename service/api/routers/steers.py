@@ -23,8 +23,8 @@ from ..pagination import Page, list_route, paginate
 from ..responses import FastJSONResponse
 from ..routing import CodecRoute
 from ..schemas import (AliasOut, AliasSet, SteerApplyOptions, SteerApplyRequest, SteerApplyResponse, SteerDeleted,
-                       SteerFitOptions, SteerFitRequest, SteerList, SteerLens, SteerOut, SteerTransferRequest,
-                       SteerVersionList, error_responses)
+                       SteerFitOptions, SteerFitRequest, SteerList, SteerLens, SteerOut, SteerTransferred,
+                       SteerTransferRequest, SteerVersionList, error_responses)
 
 __all__ = ["router"]
 
@@ -163,18 +163,21 @@ async def delete_steer_version(name: NamePath, version: VersionPath, state: Stat
     return FastJSONResponse(await run_in_threadpool(work))
 
 
-@router.post("/steers/{ref}/transfer", dependencies=[WriteScope, JSONOnly], status_code=201, response_model=SteerOut,
+@router.post("/steers/{ref}/transfer", dependencies=[WriteScope, JSONOnly], status_code=201,
+             response_model=SteerTransferred,
              summary="Carry a steer through a map (H^T W H) and register it in the map's target space",
              responses=error_responses(409, 415))
 async def transfer_steer(ref: RefPath,
                          body: Annotated[SteerTransferRequest, Body(openapi_examples=examples("transfer_steer"))],
                          state: StateDep):
     """A steer carried through a map flagged unreliable, or from a steer flagged so, is registered flagged
-    unreliable: `metrics.reliable` false, `metrics.unreliable_reason` saying which (`metrics.map_reliable`)."""
+    unreliable: `metrics.reliable` false, `metrics.unreliable_reason` saying which (`metrics.map_reliable`), and
+    the `alias` asked for is not moved to it: `alias_held_back` names it (as the fit job's result does)."""
     info = await run_in_threadpool(steer_ops.transfer_and_register, state.registry, ref, body.map, name=body.name,
                                    alias=body.alias, description=body.description, load_map=state.resolve_map,
                                    load_steer=state.resolve_steer)
-    return FastJSONResponse(info.to_dict(), status_code=201)
+    return FastJSONResponse({**info.to_dict(), "alias_held_back": steer_ops.alias_held_back(info, body.alias)},
+                            status_code=201)
 
 
 @router.get("/steers/{ref}/lens", dependencies=[ReadScope], summary="Singular directions of a steer",
