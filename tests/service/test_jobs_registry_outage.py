@@ -141,6 +141,14 @@ def test_a_registry_unavailable_past_the_waits_fails_the_fit_with_its_error(reg,
     assert WAITING in waits
 
 
+def _first_try(mgr, fit, holder):
+    """The job of ``fit`` under key "deploy-42", run to its end (the registry then let go): (job, its end)."""
+    first, _ = mgr.submit(fit, kind="fit", idempotency_key="deploy-42", request_hash="h")
+    failed = wait_job(mgr.get, first.id)
+    holder.free()
+    return first, failed
+
+
 def _commit_then(monkeypatch, then):
     """The registry goes away right after a registration's commit, before its answer is read back (a PostgreSQL
     connection dropped there): ``then()`` runs at that point, once."""
@@ -175,9 +183,7 @@ def test_a_job_whose_registration_may_have_been_committed_keeps_its_idempotency_
     mgr = JobManager(workers=1, max_queued=4, store=JobStore(tmp_path / "jobs.sqlite"))
     mgr.open()
     try:
-        first, _ = mgr.submit(fit, kind="fit", idempotency_key="deploy-42", request_hash="h")
-        failed = wait_job(mgr.get, first.id)
-        holder.free()
+        first, failed = _first_try(mgr, fit, holder)
         assert failed.state == "failed" and failed.error["type"] == "RegistryLockedError"
         assert "free again" not in failed.error["message"]
         message = failed.error["message"]
@@ -211,9 +217,7 @@ def test_a_fit_locked_out_at_every_try_lets_its_idempotency_key_go(reg, tmp_path
     mgr = JobManager(workers=1, max_queued=4, store=JobStore(tmp_path / "jobs.sqlite"))
     mgr.open()
     try:
-        first, _ = mgr.submit(fit, kind="fit", idempotency_key="deploy-42", request_hash="h")
-        failed = wait_job(mgr.get, first.id)
-        holder.free()
+        first, failed = _first_try(mgr, fit, holder)
         assert failed.state == "failed" and failed.error["type"] == "RegistryLockedError", failed.error
         assert "Idempotency-Key is free again" in failed.error["message"], failed.error["message"]
         assert reg.list_maps() == []  # nothing was registered

@@ -139,6 +139,23 @@ def test_the_option_sets_the_supervisors_wait_and_wins_over_the_variable(tmp_pat
         stop(proc)
 
 
+def _sigkilled_and_replaced(tmp_path, proc, w, other, then=lambda: True):
+    """Worker ``w``'s death is logged once, at ERROR, naming SIGKILL (an OOM kill's hint), ``then()`` holds once it
+    is, and a new worker takes its place beside ``other``."""
+    deadline = time.monotonic() + 60
+    while not _died(tmp_path, w) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    lines = [json.loads(line) for line in (tmp_path / "server.log").read_text().splitlines() if line.startswith("{")]
+    died = [r for r in lines if r.get("msg", "").startswith(f"Child process [{w}] died")]
+    assert len(died) == 1 and died[0]["level"] == "ERROR", died
+    assert "killed by SIGKILL (perhaps out of memory" in died[0]["msg"], died
+    assert then()
+    deadline = time.monotonic() + 90
+    while len(_workers(proc.pid)) < 2 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert other in _workers(proc.pid) and len(_workers(proc.pid)) == 2
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 def test_a_worker_killed_by_a_signal_is_an_error_naming_it(tmp_path):
     """A worker killed with SIGKILL (the OOM killer's signal) was INFO "Child process [pid] died": no signal, no
@@ -146,18 +163,7 @@ def test_a_worker_killed_by_a_signal_is_an_error_naming_it(tmp_path):
     proc, _port, (w, other) = _serve_two_serving(tmp_path)
     try:
         os.kill(w, signal.SIGKILL)
-        deadline = time.monotonic() + 60
-        while not _died(tmp_path, w) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        lines = [json.loads(line) for line in (tmp_path / "server.log").read_text().splitlines()
-                 if line.startswith("{")]
-        died = [r for r in lines if r.get("msg", "").startswith(f"Child process [{w}] died")]
-        assert len(died) == 1 and died[0]["level"] == "ERROR", died
-        assert "killed by SIGKILL (perhaps out of memory" in died[0]["msg"], died
-        deadline = time.monotonic() + 90
-        while len(_workers(proc.pid)) < 2 and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert other in _workers(proc.pid) and len(_workers(proc.pid)) == 2
+        _sigkilled_and_replaced(tmp_path, proc, w, other)
     finally:
         stop(proc)
 
@@ -172,19 +178,8 @@ def test_a_worker_killed_while_its_health_check_waits_is_an_error_naming_the_sig
         os.kill(w, signal.SIGSTOP)  # the supervisor's next check of it waits for an answer (up to 10 s) ...
         time.sleep(2)  # (it checks every 0.5 s: that check is under way)
         os.kill(w, signal.SIGKILL)  # ... and the OOM killer takes it meanwhile
-        deadline = time.monotonic() + 60
-        while not _died(tmp_path, w) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        lines = [json.loads(line) for line in (tmp_path / "server.log").read_text().splitlines()
-                 if line.startswith("{")]
-        died = [r for r in lines if r.get("msg", "").startswith(f"Child process [{w}] died")]
-        assert len(died) == 1 and died[0]["level"] == "ERROR", died
-        assert "killed by SIGKILL (perhaps out of memory" in died[0]["msg"], died
-        assert f"Child process [{w}] did not answer its health check within 10 s" not in _msgs(tmp_path)
-        deadline = time.monotonic() + 90
-        while len(_workers(proc.pid)) < 2 and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert other in _workers(proc.pid) and len(_workers(proc.pid)) == 2
+        _sigkilled_and_replaced(tmp_path, proc, w, other, then=lambda: (
+            f"Child process [{w}] did not answer its health check within 10 s" not in _msgs(tmp_path)))
     finally:
         stop(proc)
 
