@@ -156,9 +156,10 @@ MAX_ERROR_CHARS = 4000
 #: what the error of a job that failed on a retryable error adds (its Idempotency-Key was let go)
 RELEASED = " (a retry may succeed: its Idempotency-Key is free again, so submitting it again starts a new job)"
 #: ... and that of one whose registration may have been committed before the registry went away (its key is kept)
-KEPT = (" (the registry went away when the map may already have been registered: its Idempotency-Key is kept, so "
-        "submitting it again cannot register it twice; once the registry is back, look for the version "
-        "(GET /v1/maps/NAME/versions, `vecbridge registry list`) and submit with a new key only if it is not there)")
+KEPT = (" (the registry went away when the version may already have been registered: its Idempotency-Key is kept, "
+        "so submitting it again cannot register it twice; once the registry is back, look for it (GET "
+        "/v1/maps/NAME/versions or /v1/steers/NAME/versions, `vecbridge registry list` or `steer list`) and submit "
+        "with a new key only if it is not there)")
 
 
 def _retryable(exc: BaseException) -> bool:

@@ -221,7 +221,8 @@ def test_alias_delete_and_transfer_routes(world):
     # find: the answer only showed `aliases: []`, where the CLI and the fit job say alias_held_back)
     reg.register_version("flagged2ta", LinearMap(rot.T.copy()), source_space="tb", target_space="ta",
                          method="procrustes", params={}, metrics={"reliable": False, "unreliable_reason": "test"})
-    r = c.post("/v1/steers/attr:1/transfer", headers=W, json={"map": "flagged2ta:1", "name": "attr_fl", "alias": "prod"})
+    r = c.post("/v1/steers/attr:1/transfer", headers=W,
+               json={"map": "flagged2ta:1", "name": "attr_fl", "alias": "prod"})
     assert r.status_code == 201 and r.json()["metrics"]["reliable"] is False, r.text
     assert r.json()["aliases"] == [] and r.json()["alias_held_back"] == "prod", r.text
     assert out["inputs"]["steer"] == "attr:1" and out["inputs"]["map"].startswith("tb2ta")
