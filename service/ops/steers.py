@@ -209,8 +209,9 @@ def fit_verdict(metadata: Mapping) -> dict:
     if best <= 1.0 - STEER_MIN_HELDOUT_GAIN:
         return {"heldout_loss_ratio": best, "reliable": True}
     return {"heldout_loss_ratio": best, "reliable": False, "unreliable_reason": (
-        f"its own held-out check does not separate its labels: held-out loss {best:.3f} of no steer's at its best "
-        f"prior weight, above {1.0 - STEER_MIN_HELDOUT_GAIN:g} (shuffled labels give about 1.00)")}
+        f"its own held-out check found no gain from its labels: held-out loss {best:.3f} of no steer's at its best "
+        f"prior weight, above {1.0 - STEER_MIN_HELDOUT_GAIN:g} (shuffled labels give 1.00 or more; so can too few "
+        f"labelled rows, a rare attribute: label more rows, or check it yourself, results at eps 0 vs eps)")}
 
 
 def _transfer_verdict(s_info, m_info) -> dict:

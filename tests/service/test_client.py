@@ -426,7 +426,7 @@ def test_a_steers_versions_are_listed_with_their_verdicts_and_aliases(vb, server
     assert got[0] == live[1] and got[1] == live[2]  # the detail route's record, verdict and aliases included
     assert [v["aliases"] for v in got] == [["prod"], ["canary"], []]
     assert [v["metrics"]["reliable"] for v in got] == [True, False, True]
-    assert "does not separate its labels" in got[1]["metrics"]["unreliable_reason"]
+    assert "found no gain from its labels" in got[1]["metrics"]["unreliable_reason"]
     assert got[0]["metrics"]["heldout_loss_ratio"] < 0.8 < got[1]["metrics"]["heldout_loss_ratio"]
     assert [v["version"] for v in vb.list_steer_versions(name, include_deleted=False)] == [1, 2]
     with pytest.raises(NotFoundError, match="nope-steer"):

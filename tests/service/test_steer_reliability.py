@@ -56,7 +56,7 @@ def test_a_steer_fitted_on_shuffled_labels_is_flagged_and_exits_1(world, capsys)
     assert m["reliable"] is True and m["heldout_loss_ratio"] < 0.8, m
     code, out, err = cli(capsys, world, *base, "--labels", tmp / "shuffled.npy", "--name", "noise")
     assert code == 1, err
-    assert "noise:1 is flagged UNRELIABLE (its own held-out check does not separate its labels" in err, err
+    assert "noise:1 is flagged UNRELIABLE (its own held-out check found no gain from its labels" in err, err
     assert "--allow-unreliable" in err, err
     m = json.loads(out)["metrics"]  # registered, flagged, with the figure that says why
     assert m["reliable"] is False and m["heldout_loss_ratio"] > 0.98 and "held-out loss" in m["unreliable_reason"]
@@ -182,7 +182,7 @@ def test_http_fit_job_says_so_and_succeeds(world, tmp_path):
             m, notes = job["result"]["steer"]["metrics"], job["result"]["notes"]
             assert m["reliable"] is (not flagged) and (len(notes) == 1) is flagged, job["result"]
             assert c.get(f"/v1/steers/{name}", headers=R).json()["metrics"]["reliable"] is (not flagged)
-        assert "does not separate its labels" in got["noise"]["result"]["notes"][0]
+        assert "found no gain from its labels" in got["noise"]["result"]["notes"][0]
         # the alias asked for: moved to the reliable steer, held back from the flagged one, in a field and a note
         assert got["topic"]["result"]["alias_held_back"] is None and got["topic"]["result"]["steer"]["aliases"]
         assert got["noise"]["result"]["alias_held_back"] == "prod", got["noise"]["result"]

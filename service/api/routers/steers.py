@@ -36,7 +36,7 @@ baseline); the answer (202) carries the job id. On success the job's `result` ho
 registered `steer` version. Rows are `vectors`, `vectors_b64` + `dim`, or `texts` (embedded with
 `encoder`, default the space's); `labels` give one value per row (+1 / -1 / 0 neutral).
 The lens is stored with the version when the rows have names (`texts`, or `items` with vectors).
-A steer whose own held-out check does not separate its labels is registered flagged unreliable
+A steer whose own held-out check finds no gain from its labels is registered flagged unreliable
 (`metrics.reliable` false, `metrics.unreliable_reason`; the job's `notes` say so) and its `alias` is not
 moved to it: the result's `alias_held_back` names it (null when the alias moved, or none was asked for).
 `Idempotency-Key` works as for map fits.

@@ -11,7 +11,7 @@ import time
 import pytest
 from _vectordb_servers import small_migration
 
-from service.vectordb import FileCheckpoint, MigrationRunningError, migrate
+from service.vectordb import CheckpointMismatchError, FileCheckpoint, MigrationRunningError, migrate
 from service.vectordb import checkpoint as checkpoint_module
 
 
@@ -121,3 +121,22 @@ def test_a_status_probe_tells_a_held_lock_from_a_free_one_and_never_makes_a_run_
         thread.join(10)
         sys.setswitchinterval(switch)
     assert True in seen  # the probes did meet the runs' lock
+
+
+def test_a_resume_may_add_what_the_run_left_unset_but_not_drop_or_change_what_it_recorded(tmp_path):
+    """The options a checkpoint's unfinished run recorded: a resume giving another field name, or dropping its
+    alias, is refused naming each (it finished without switching the alias); one adding an alias, an index or a
+    space the run left unset goes on; a finished run's rerun (nothing to write) and a status read are not judged."""
+    path = tmp_path / "run.json"
+    first = {"alias": "live", "index": None, "id_field": None, "source_space": None, "data_dir": "/a"}
+    FileCheckpoint(path, options=first).save({"source": "a", "target": "b", "map_fingerprint": "f", "last_id": 3,
+                                              "finished": False})
+    assert FileCheckpoint(path, options={**first, "data_dir": "/b", "index": "hnsw", "source_space": "s"}).load()
+    with pytest.raises(CheckpointMismatchError, match=r"--alias 'live' \(this run: None\)"):
+        FileCheckpoint(path, options={**first, "alias": None}).load()
+    with pytest.raises(CheckpointMismatchError, match=r"--id-field None \(this run: 'pk'\)"):
+        FileCheckpoint(path, options={**first, "id_field": "pk"}).load()
+    assert FileCheckpoint(path).load()["last_id"] == 3  # a status read
+    state = FileCheckpoint(path).load()
+    FileCheckpoint(path).save({**state, "finished": True})
+    assert FileCheckpoint(path, options={**first, "alias": None}).load()["finished"]
