@@ -11,7 +11,12 @@ import time
 import pytest
 from _vectordb_servers import small_migration
 
-from service.vectordb import CheckpointMismatchError, FileCheckpoint, MigrationRunningError, migrate
+from service.vectordb import (
+    CheckpointMismatchError,
+    FileCheckpoint,
+    MigrationRunningError,
+    migrate,
+)
 from service.vectordb import checkpoint as checkpoint_module
 
 
