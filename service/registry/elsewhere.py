@@ -18,9 +18,10 @@ MIN_MISSING = 3
 VERDICT_S = 30.0
 
 
-def artifacts_elsewhere(db, store, sample: int = ARTIFACT_SAMPLE, *, max_age: float = 0.0) -> str | None:
+def artifacts_elsewhere(db, store, tables, sample: int = ARTIFACT_SAMPLE, *, max_age: float = 0.0) -> str | None:
     """Why this artifact folder is not the registry's, or None: :data:`MIN_MISSING` (3) or more, and half or more, of
-    the ``sample`` newest live versions' files (maps and steers) are not in it (one ``stat`` each).
+    the ``sample`` newest live versions' files (of the version ``tables``: maps' and steers',
+    :data:`~service.registry.entity.VERSION_TABLES`) are not in it (one ``stat`` each).
 
     A folder that is not the registry's misses every version another replica wrote: all of the sample, as soon as
     the registry has three live versions. Lost files (a disk error, a partial restore) are one or two at a time: with
@@ -37,11 +38,9 @@ def artifacts_elsewhere(db, store, sample: int = ARTIFACT_SAMPLE, *, max_age: fl
     seen = store.elsewhere_seen
     if max_age and seen is not None and time.monotonic() - seen[0] < max_age:
         return seen[1]
-    from .entity import KINDS
-
     with db.tx() as t:
-        rows = t.q(" UNION ALL ".join(f"SELECT artifact_path, created_at FROM {k.table} WHERE deleted = 0 AND "
-                                      "collected_at IS NULL" for k in KINDS.values())
+        rows = t.q(" UNION ALL ".join(f"SELECT artifact_path, created_at FROM {table} WHERE deleted = 0 AND "
+                                      "collected_at IS NULL" for table in tables)
                    + f" ORDER BY created_at DESC LIMIT {int(sample)}")
     store._hook("artifacts_sampled")  # core.FAULT_HOOK: tests hang the folder here, as a hard NFS mount would
     missing = [r["artifact_path"] for r in rows if store.size(r["artifact_path"]) is None]

@@ -51,8 +51,8 @@ from .names import (
     utf8_safe,
 )
 
-__all__ = ["Kind", "MAPS", "STEERS", "KINDS", "VersionedStore", "LRUCache", "artifacts_in_use", "collected", "now",
-           "package_version"]
+__all__ = ["Kind", "MAPS", "STEERS", "KINDS", "VERSION_TABLES", "VersionedStore", "LRUCache", "artifacts_in_use",
+           "collected", "now", "package_version"]
 
 
 #: the most names :meth:`VersionedStore.among` lists in a statement (SQLite's oldest limit is 999 parameters)
@@ -137,6 +137,8 @@ MAPS = Kind("map", "maps", "versions", "aliases", "tags", VersionInfo, ("source_
 STEERS = Kind("steer", "steer_names", "steers", "steer_aliases", None, SteerInfo, ("space",), ("space", "dim"),
               "lives in space", lambda b: repr(b["space"]), _parse_steer, ("dim", "rank"))
 KINDS = {"maps": MAPS, "steers": STEERS}
+#: the tables of every kind's versions (:func:`~service.registry.elsewhere.artifacts_elsewhere` samples them)
+VERSION_TABLES = tuple(k.table for k in KINDS.values())
 
 
 def collected(v) -> str:
@@ -391,7 +393,7 @@ class VersionedStore:
                 if now_v.collected_at:
                     raise DeletedVersionError(f"{self.kind.noun} {v.ref} was deleted{collected(now_v)}") from None
                 gone = self.store.size(v.artifact_path) is None  # the verdict is kept: not a query per transform
-                if gone and (why := artifacts_elsewhere(self.db, self.store, max_age=VERDICT_S)):
+                if gone and (why := artifacts_elsewhere(self.db, self.store, VERSION_TABLES, max_age=VERDICT_S)):
                     raise ArtifactsElsewhereError(f"{exc}; {why}") from None
                 raise
 

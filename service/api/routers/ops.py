@@ -14,6 +14,7 @@ from starlette.concurrency import run_in_threadpool
 from ...errors import ServiceUnavailableError
 from ...ops.demo import demo_status
 from ...registry.elsewhere import VERDICT_S, artifacts_elsewhere
+from ...registry.entity import VERSION_TABLES
 from ...memory import heap_settings
 from ...metrics import CONTENT_TYPE_LATEST
 from ...urls import hide_endpoints
@@ -123,7 +124,8 @@ async def _artifacts_check(state) -> str:
         return said
     reg = state.registry
     try:
-        why = await _within_wait(state, "artifacts_probe", lambda: artifacts_elsewhere(reg.db, reg.store))
+        why = await _within_wait(state, "artifacts_probe",
+                                 lambda: artifacts_elsewhere(reg.db, reg.store, VERSION_TABLES))
         said = "ok" if why is None else f"error: {why}"
     except TimeoutError as waited:
         said = f"error: no answer from this data dir's artifact folder for {waited.args[0]:.1f} s"

@@ -1240,7 +1240,7 @@ def test_a_replica_reading_another_artifact_folder_is_told_apart_from_a_lost_fil
     folder: an ArtifactsElsewhereError (503) naming the cause, where it was a bare IntegrityError (500). One file lost
     from the shared folder stays an IntegrityError, and the folder still counts as the registry's."""
     from service.registry import ArtifactsElsewhereError
-    from service.registry.entity import artifacts_elsewhere
+    from service.registry.entity import VERSION_TABLES, artifacts_elsewhere
 
     a = open_registry(registry_url, tmp_path / "artifacts")
     b = open_registry(registry_url, tmp_path / "replica" / "artifacts")
@@ -1248,15 +1248,16 @@ def test_a_replica_reading_another_artifact_folder_is_told_apart_from_a_lost_fil
         for seed in range(3):
             register(a, seed=seed)
         a.register_steer("st", align.MeanShift(np.ones(8)), space="a")
-        assert artifacts_elsewhere(a.db, a.store) is None
-        assert "(4 of the 4 newest versions' files are not in" in artifacts_elsewhere(b.db, b.store)
+        assert artifacts_elsewhere(a.db, a.store, VERSION_TABLES) is None
+        assert "(4 of the 4 newest versions' files are not in" in artifacts_elsewhere(b.db, b.store,
+                                                                                       VERSION_TABLES)
         with pytest.raises(ArtifactsElsewhereError, match="must share its artifact folder") as e:
             b.load_map("a->b:1")
         assert isinstance(e.value, IntegrityError) and str(e.value).startswith("artifact ")
         with pytest.raises(ArtifactsElsewhereError):
             b.load_steer("st")
         a.store.path(a.get_version("a->b", 2).artifact_path).unlink()  # lost: 1 of 4
-        assert artifacts_elsewhere(a.db, a.store) is None
+        assert artifacts_elsewhere(a.db, a.store, VERSION_TABLES) is None
         with pytest.raises(IntegrityError, match="missing or unreadable") as e:
             a.load_map("a->b:2")
         assert not isinstance(e.value, ArtifactsElsewhereError)
@@ -1272,26 +1273,27 @@ def test_a_lost_file_of_a_small_registry_stays_an_integrity_error_and_the_verdic
     the folder's path goes to the log, not into the message."""
     from service.registry import ArtifactsElsewhereError
     from service.registry.elsewhere import VERDICT_S, artifacts_elsewhere
+    from service.registry.entity import VERSION_TABLES
 
     reg = open_registry(registry_url, tmp_path / "artifacts")
     try:
         register(reg, seed=0)
         reg.register_steer("st", align.MeanShift(np.ones(8)), space="a")
         reg.store.path(reg.get_version("a->b", 1).artifact_path).unlink()  # lost: 1 of the 2 live versions' files
-        assert artifacts_elsewhere(reg.db, reg.store) is None
+        assert artifacts_elsewhere(reg.db, reg.store, VERSION_TABLES) is None
         with pytest.raises(IntegrityError, match="missing or unreadable") as e:
             reg.load_map("a->b:1")
         assert type(e.value) is IntegrityError, e.value
         reg.store.path(reg.get_steer("st", 1).artifact_path).unlink()  # 2 of 2: still too few to tell
-        assert artifacts_elsewhere(reg.db, reg.store) is None
+        assert artifacts_elsewhere(reg.db, reg.store, VERSION_TABLES) is None
         register(reg, seed=1)
         reg.store.path(reg.get_version("a->b", 2).artifact_path).unlink()  # 3 of 3: the folder is not the registry's
         with pytest.raises(IntegrityError) as e:  # within VERDICT_S of the last look: the kept verdict, no query
             reg.load_map("a->b:2")
         assert type(e.value) is IntegrityError, e.value
-        why = artifacts_elsewhere(reg.db, reg.store, max_age=VERDICT_S)
+        why = artifacts_elsewhere(reg.db, reg.store, VERSION_TABLES, max_age=VERDICT_S)
         assert why is None  # the kept one
-        why = artifacts_elsewhere(reg.db, reg.store)  # a fresh look
+        why = artifacts_elsewhere(reg.db, reg.store, VERSION_TABLES)  # a fresh look
         assert why.startswith("this data dir's artifact folder does not hold") and "(3 of the 3 newest" in why
         assert str(tmp_path) not in why
         with pytest.raises(ArtifactsElsewhereError) as e:  # the fresh verdict is the one kept now
