@@ -3,6 +3,8 @@ PostgreSQL database (``pg_url``) and a registry URL on each backend (``registry_
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -43,6 +45,28 @@ def _search_device():
 
 def wordnet_available() -> bool:
     return (WORDNET / "minilm.npy").exists() and (WORDNET / "e5.npy").exists()
+
+
+@contextlib.contextmanager
+def logged(name: str, level: int | str = logging.WARNING):
+    """The records logger ``name`` (and its children) emits at ``level`` or above inside the block, as a list.
+
+    A handler on the logger itself: pytest's ``caplog`` listens at the root, which ``configure_logging`` (run by any
+    server or CLI test earlier in the same worker) cuts the ``vecbridge`` tree off from, so a caplog test passed or
+    failed by test order (CI failed three such tests, one at a time)."""
+    seen: list[logging.LogRecord] = []
+    handler = logging.Handler(level)
+    handler.emit = seen.append  # type: ignore[method-assign]
+    log = logging.getLogger(name)
+    old = log.level
+    log.addHandler(handler)
+    if log.getEffectiveLevel() > handler.level:
+        log.setLevel(handler.level)
+    try:
+        yield seen
+    finally:
+        log.removeHandler(handler)
+        log.setLevel(old)
 
 
 def run_cli(capsys, *args) -> tuple[int, str, str]:

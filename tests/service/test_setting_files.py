@@ -6,7 +6,6 @@ database passwords had to sit in the environment, and changing a key needed a re
 from __future__ import annotations
 
 import json
-import logging
 import os
 import subprocess
 import sys
@@ -16,7 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 from _servers import ROOT, env_for, free_port, seed_registry, start, stop
-from conftest import run_cli
+from conftest import logged, run_cli
 
 from service.config import ConfigError, load_settings
 
@@ -164,24 +163,18 @@ def test_a_keys_file_changed_before_the_first_request_is_the_one_in_force(tmp_pa
     assert current_keys(settings) == {NEW: ["read", "write"]}
 
 
-def test_a_reloaded_keys_file_with_a_key_no_header_can_send_keeps_the_old_keys(tmp_path, monkeypatch, caplog):
+def test_a_reloaded_keys_file_with_a_key_no_header_can_send_keeps_the_old_keys(tmp_path, monkeypatch):
     """A key with a character that is not printable ASCII could never authenticate: the reload refuses the file as
     it refuses any other bad one (the keys read before stay in use, an error is logged without the key)."""
     from service.api.keyfile import current_keys
 
     keys, settings = _settings_from_keys_file(tmp_path, monkeypatch, {OLD: ["read"]})
     write_keys(keys, json.dumps({NEW + "é": ["read", "write"]}, ensure_ascii=False))
-    # caplog's handler on the logger itself: caplog listens at the root, which configure_logging (run by any server or
-    # CLI test earlier in this worker) cuts the ``vecbridge`` tree off from (CI's test order failed this test)
-    auth = logging.getLogger("vecbridge.auth")
-    auth.addHandler(caplog.handler)
-    try:
-        with caplog.at_level("ERROR", logger="vecbridge.auth"):
-            assert current_keys(settings) == {OLD: ["read"]}
-    finally:
-        auth.removeHandler(caplog.handler)
-    assert "API keys file not reloaded" in caplog.text and "not printable ASCII" in caplog.text
-    assert NEW not in caplog.text
+    with logged("vecbridge.auth", "ERROR") as records:
+        assert current_keys(settings) == {OLD: ["read"]}
+    text = "\n".join(r.getMessage() for r in records)
+    assert "API keys file not reloaded" in text and "not printable ASCII" in text
+    assert NEW not in text
 
 
 def test_a_command_line_option_wins_over_a_file_in_the_workers_too(tmp_path, monkeypatch, capsys):

@@ -18,6 +18,7 @@ import httpx
 import pytest
 from _api_support import R, W
 from _servers import damage_page, env_for, free_port, seed_registry, start
+from conftest import logged
 
 pytest.importorskip("psycopg")
 
@@ -94,7 +95,7 @@ def test_a_registry_down_at_start_up_leaves_the_service_up_and_saying_why(tmp_pa
         "service unavailable", "request"]
 
 
-def test_a_503_for_an_unreachable_registry_names_no_host_or_port_to_the_client(tmp_path, caplog):
+def test_a_503_for_an_unreachable_registry_names_no_host_or_port_to_the_client(tmp_path):
     """A request's 503 quoted libpq's 'connection to server at "127.0.0.1", port N failed' to the client; it now
     says 'server at ***', and the log line of the request keeps the host and port."""
     from starlette.requests import Request
@@ -108,12 +109,12 @@ def test_a_503_for_an_unreachable_registry_names_no_host_or_port_to_the_client(t
     assert f"port {db_port}" in str(err.value)  # what the driver says (and the log keeps)
     request = Request({"type": "http", "method": "GET", "path": "/v1/maps", "headers": [], "query_string": b"",
                        "state": {"request_id": "rid-1"}})
-    with caplog.at_level("WARNING", logger="vecbridge.errors"):
+    with logged("vecbridge.errors") as records:
         r = error_response(request, err.value)
     body = json.loads(r.body)["error"]
     assert r.status_code == 503 and "connection to server at *** failed" in body["message"], body
     assert str(db_port) not in body["message"] and "127.0.0.1" not in body["message"]
-    assert any(f"port {db_port}" in str(getattr(rec, "fields", "")) for rec in caplog.records)
+    assert any(f"port {db_port}" in str(getattr(rec, "fields", "")) for rec in records), records
 
 
 _ATTEMPTS = (  # psycopg 3's message when several hosts (or addresses) were tried

@@ -6,7 +6,6 @@ The same code runs on torch's CPU here (``DeviceRows("cpu")``) and on a GPU wher
 
 from __future__ import annotations
 
-import logging
 import os
 import subprocess
 import sys
@@ -16,6 +15,7 @@ import numpy as np
 import pytest
 from _api_support import R, W
 from _servers import ROOT, env_for, free_port, seed_registry, start, stop
+from conftest import logged
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -132,18 +132,9 @@ def test_an_index_the_device_cannot_hold_is_searched_by_faiss_until_it_changes(m
         return real(self, *args)
 
     monkeypatch.setattr(dev.DeviceRows, "_upload", full)
-    # a handler of its own on the logger: caplog listens at the root, which configure_logging (run by any server or
-    # CLI test earlier in this worker) cuts the ``vecbridge`` tree off from, and CI's test order hid the warning
-    seen = []
-    handler = logging.Handler(logging.WARNING)
-    handler.emit = seen.append
-    log = logging.getLogger("vecbridge.indexes")
-    log.addHandler(handler)
-    try:
+    with logged("vecbridge.indexes") as seen:
         for _ in range(3):
             same_answer(idx.search(X[:5], 4), idx, X[:5])
-    finally:
-        log.removeHandler(handler)
     assert tries == [100] and [r.getMessage() for r in seen] == ["flat index searched on the CPU: out of device memory"]
     idx.add(rows(3, 8, 15))
     same_answer(idx.search(X[:5], 4), idx, X[:5])
