@@ -34,7 +34,6 @@ from __future__ import annotations
 import itertools
 import sqlite3
 import threading
-import time
 import traceback
 import uuid
 from collections import Counter, OrderedDict
@@ -52,6 +51,7 @@ from .errors import (
     kind_of,
     retry_after_of,
 )
+from .job_context import JobContext
 from .job_store import (
     FIT_ADVICE,
     INTERRUPTED,
@@ -92,63 +92,6 @@ class JobNotFoundError(NotFoundError):
 
 class IdempotencyConflictError(ConflictError):
     """The idempotency key was already used for a different request."""
-
-
-class JobContext:
-    """Handed to a job function: progress reporting and cancellation checks."""
-
-    def __init__(self, job: Job, lock: threading.Lock, persist: Callable[[Job], None] | None = None,
-                 interval: float = 0.5) -> None:
-        self._job = job
-        self._lock = lock
-        self._stage_started = time.monotonic()
-        self._persist = persist
-        self._interval = interval
-        self._persisted_at = 0.0
-
-    @property
-    def job_id(self) -> str:
-        return self._job.id
-
-    def should_cancel(self) -> bool:
-        """Whether to stop now: a cancel was asked for, or a shutdown recorded the job interrupted (no cancel)."""
-        return self._job.cancel_requested or self._job.state in TERMINAL
-
-    def cancel_asked(self) -> bool:
-        """:meth:`should_cancel` for a watcher polling beside work that reports no progress (an index build): it
-        also picks up a cancel asked through another process, writing the record as :meth:`progress` does (at most
-        every ``interval`` s); from any thread."""
-        now = time.monotonic()
-        if self._persist is not None and now - self._persisted_at >= self._interval:
-            self._persisted_at = now
-            self._persist(self._job)
-        return self.should_cancel()
-
-    def progress(self, stage: str, fraction: float | None = None) -> None:
-        """Record ``stage`` and how far it has got, ``fraction`` in [0, 1] (of that stage, as every
-        :data:`service.progress.Progress`); raise Cancelled when asked to stop."""
-        with self._lock:
-            if self._job.state in TERMINAL:  # recorded interrupted by a shutdown: that record stays
-                raise Cancelled(f"job {self._job.id} interrupted during {self._job.stage}")
-            now = time.monotonic()
-            changed = stage != self._job.stage
-            if changed:
-                prev = self._job.stage
-                self._job.stage_seconds[prev] = self._job.stage_seconds.get(prev, 0.0) + now - self._stage_started
-                self._stage_started = now
-                self._job.stage = stage
-            if fraction is not None:
-                self._job.fraction = min(1.0, max(0.0, float(fraction)))
-        if self._persist is not None and (changed or now - self._persisted_at >= self._interval):
-            self._persisted_at = now
-            self._persist(self._job)  # also picks up a cancel asked through another process
-        if self._job.cancel_requested:
-            raise Cancelled(f"job {self._job.id} cancelled during {stage}")
-
-    def _close_stage(self) -> None:
-        with self._lock:
-            st = self._job.stage
-            self._job.stage_seconds[st] = self._job.stage_seconds.get(st, 0.0) + time.monotonic() - self._stage_started
 
 
 MAX_ERROR_CHARS = 4000
