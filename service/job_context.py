@@ -25,6 +25,8 @@ class JobContext:
         self._persist = persist
         self._interval = interval
         self._persisted_at = 0.0
+        #: set when the job is to stop (a cancel, a shutdown): :func:`service.progress.pause` wakes on it
+        self.wake = threading.Event()
 
     @property
     def job_id(self) -> str:

@@ -62,6 +62,7 @@ from .job_store import (
     interrupted_in,
 )
 from .logging import get_logger
+from .progress import run_waking
 from .registry.retry import may_have_committed
 from .storage import is_storage_error, storage_message
 
@@ -149,6 +150,7 @@ class JobManager:
         self._requests: dict[str, str] = {}  # job id -> the id of the request that submitted it (its log lines)
         self._joining_by: Counter[str] = Counter()  # _joining, per owner
         self._seq = itertools.count(1)  # the order of this process's jobs without a store (Job.seq)
+        self._wakes: dict[str, threading.Event] = {}  # running job id -> its context's wake (set on a cancel)
 
     def open(self) -> int:
         """Claim this process's owner lock, fail the unfinished jobs of dead processes, trim old records.
@@ -384,6 +386,7 @@ class JobManager:
             if job.state in TERMINAL:
                 return job
             job.cancel_requested = True
+            self._wake(job)
             if job.state == "queued":
                 job.state = job.stage = "cancelled"
                 job.finished_at = job.now()
@@ -414,6 +417,7 @@ class JobManager:
         with self._lock:
             jobs = [j for j in self._jobs.values() if j.state not in TERMINAL]
             for j in jobs:
+                self._wake(j)
                 if wait:
                     j.cancel_requested = True
                 else:
@@ -454,9 +458,11 @@ class JobManager:
         self._gauges()
         ctx = JobContext(job, self._lock, self._persist if self.store is not None else None,
                          self.store.progress_interval if self.store is not None else 0.5)
+        self._wakes[job.id] = ctx.wake
         try:
-            result = fn(ctx)
+            result = run_waking(ctx.wake, lambda: fn(ctx))  # a registry wait (pause) wakes on a cancel at once
         except BaseException as exc:  # noqa: BLE001 - a job must never kill its worker
+            self._wakes.pop(job.id, None)
             with self._lock:
                 stopped = job.state in TERMINAL  # a shutdown recorded it interrupted: it stopped for that, not a cancel
             if stopped:
@@ -490,6 +496,7 @@ class JobManager:
                     "trace": "".join(traceback.format_tb(exc.__traceback__, limit=8))}})
             self._count(job.state)
             return
+        self._wakes.pop(job.id, None)
         ctx._close_stage()
         with self._lock:
             job.finished_at = job.now()
@@ -559,11 +566,17 @@ class JobManager:
             record = replace(job, stage_seconds=dict(job.stage_seconds))
         try:
             if self.store.save(record, was=was):
-                job.cancel_requested = True
+                job.cancel_requested = True  # asked through another process
+                self._wake(job)
             return True
         except Exception as exc:  # noqa: BLE001 - a job record write must not kill the job
             _log.warning("job record not written", extra={"fields": {"job_id": job.id, "error": repr(exc)}})
             return False
+
+    def _wake(self, job: Job) -> None:
+        """Wake ``job``'s waits (:func:`service.progress.pause`) if it runs here: it is to stop."""
+        if (event := self._wakes.get(job.id)) is not None:
+            event.set()
 
     def _left_joining(self, owner: str | None) -> None:
         self._joining -= 1

@@ -24,6 +24,7 @@ runs :func:`unstoppable`: stopped halfway it would leave half a write.
 
 from __future__ import annotations
 
+import threading
 import time
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -31,7 +32,8 @@ from typing import Callable, Iterator
 
 from align.exceptions import Cancelled
 
-__all__ = ["Progress", "silent", "Stages", "Abandoned", "checkpoint", "run_stoppable", "stoppable", "unstoppable"]
+__all__ = ["Progress", "silent", "Stages", "Abandoned", "checkpoint", "run_stoppable", "stoppable", "unstoppable",
+           "run_waking", "pause"]
 
 #: ``progress(stage, fraction)``: ``stage`` a short name, ``fraction`` in [0, 1] of that stage.
 Progress = Callable[[str, float], None]
@@ -66,6 +68,29 @@ def checkpoint() -> None:
     should_stop = _should_stop.get()
     if should_stop is not None and should_stop():
         raise Abandoned("stopped: nobody waits for the answer any more")
+
+
+#: the event a stop of the work running in this context sets (a job's cancel or shutdown: :func:`run_waking`)
+_wake: ContextVar[threading.Event | None] = ContextVar("vecbridge_wake", default=None)
+
+
+def run_waking(event: threading.Event, fn: Callable):
+    """``fn()``, during which :func:`pause` returns as soon as ``event`` is set (the jobs set it on a cancel)."""
+    token = _wake.set(event)
+    try:
+        return fn()
+    finally:
+        _wake.reset(token)
+
+
+def pause(seconds: float) -> bool:
+    """Sleep up to ``seconds``: True at once when the work running this was told to stop (:func:`run_waking`'s
+    event, a job cancelled or shut down), else False once they have passed (outside :func:`run_waking`: a sleep)."""
+    event = _wake.get()
+    if event is None:
+        time.sleep(max(0.0, seconds))
+        return False
+    return event.wait(max(0.0, seconds))
 
 
 @contextmanager

@@ -24,10 +24,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from contextlib import suppress
 from typing import TypeVar
+
+from align.exceptions import Cancelled
 
 from ..errors import retry_after_of
 from ..logging import get_logger
+from ..progress import pause
 from .errors import RegistryUnavailableError
 
 __all__ = ["REGISTER_WAITS", "WAITING", "may_have_committed", "until_registered"]
@@ -45,6 +49,14 @@ WAITING = "register: waiting for the registry"
 _SLICE_S = 0.5
 
 _log = get_logger("registry")
+
+
+def _back(done: T, progress: Callable[[str, float], None], stage: str) -> T:
+    """``done``, once ``progress`` reports ``stage`` again (done): a cancel it raises comes too late, the version is
+    registered."""
+    with suppress(Exception):  # a cancel or a shutdown after the commit: the fit has happened
+        progress(stage, 1.0)
+    return done
 
 
 def may_have_committed(exc: BaseException) -> bool:
@@ -65,7 +77,7 @@ def _look(found: Callable[[], T | None] | None) -> tuple[T | None, bool]:
 
 def until_registered(register: Callable[[], T], progress: Callable[[str, float], None], *, what: str,
                      found: Callable[[], T | None] | None = None,
-                     waits: tuple[float, ...] | None = None) -> T:
+                     waits: tuple[float, ...] | None = None, stage: str = "register") -> T:
     """``register()``, tried again after each of ``waits`` seconds while it raises a RegistryUnavailableError a retry
     can help; the last error is raised once they are spent. Between tries ``progress(WAITING, fraction of the wait
     spent)`` (which may raise Cancelled) and a warning naming ``what``. ``found()``, asked before each retry and before
@@ -73,36 +85,54 @@ def until_registered(register: Callable[[], T], progress: Callable[[str, float],
     the answer was lost), else None: that is returned instead of registering twice or failing. The last error is
     marked :func:`may_have_committed` when ``found()`` could not answer and some try failed at or after its commit
     (the registration's own mark: a try refused at connect or at the lock never wrote). ``waits`` None:
-    :data:`REGISTER_WAITS` as it is now."""
+    :data:`REGISTER_WAITS` as it is now.
+
+    A sleep between tries wakes at once on the job's cancel (:func:`service.progress.pause`), and a cancel is looked
+    for once more after it, before the next try (a try may block for a whole registry timeout): the Cancelled says
+    what was not registered and how long the registry was away. The seconds reported (that error, the last error
+    after several tries, the log) run from the first try's start: the tries' own timeouts count. Once a try that
+    followed a wait succeeds, the stage goes back to ``stage`` (it stayed "waiting" to the job's end)."""
     waits = REGISTER_WAITS if waits is None else waits
     total = sum(waits) or 1.0
     spent = 0.0
     maybe = False  # some try failed at or after its commit
+    started = time.monotonic()  # the tries count too: a connect timeout is most of the wait (the sleeps were 0.0 s)
     for attempt, wait in enumerate((*waits, None), start=1):
         try:
             if attempt > 1 and found is not None and (done := found()) is not None:
-                return done
-            return register()
+                return _back(done, progress, stage)
+            done = register()
+            return done if attempt == 1 else _back(done, progress, stage)
         except RegistryUnavailableError as exc:
             maybe = maybe or may_have_committed(exc)
+            waited = time.monotonic() - started
             if wait is None or retry_after_of(exc) is None:
                 done, answered = _look(found)  # a commit may have gone through before the error: not a failure then
                 if done is not None:
-                    return done
+                    return _back(done, progress, stage)
                 # the registry still away and a try reached its commit: it may have happened (a duplicate is worse);
                 # found() answered "no", or no try wrote: it did not
                 exc.vecbridge_maybe_committed = maybe and not answered
+                if attempt > 1 and len(exc.args) == 1 and isinstance(exc.args[0], str):
+                    exc.args = (f"{exc.args[0]} ({what} waited {waited:.1f} s for the registry, {attempt} tries)",)
                 raise
             _log.warning("registry unavailable: retrying the registration", extra={"fields": {
-                "what": what, "attempt": attempt, "retry_in_s": wait, "error": str(exc)}})
+                "what": what, "attempt": attempt, "retry_in_s": wait, "waited_s": round(waited, 3),
+                "error": str(exc)}})
             end = time.monotonic() + wait
             try:
                 while (left := end - time.monotonic()) > 0:
                     progress(WAITING, min(1.0, (spent + wait - left) / total))
-                    time.sleep(min(_SLICE_S, left))
-            except Exception:  # a cancel, a shutdown: not when the version was committed (the fit has happened)
+                    if pause(min(_SLICE_S, left)):  # the job's cancel (or shutdown) wakes it at once
+                        raise Cancelled("cancelled")
+                progress(WAITING, min(1.0, (spent + wait) / total))  # a cancel in the last sleep: not after a try
+            except Exception as stop:  # a cancel, a shutdown: not when the version was committed (the fit has happened)
                 if (done := _look(found)[0]) is not None:
-                    return done
+                    return _back(done, progress, stage)
+                if isinstance(stop, Cancelled):
+                    raise Cancelled(f"cancelled while waiting for the registry: {what} was not registered (the "
+                                    f"registry unavailable for {time.monotonic() - started:.1f} s, {attempt} "
+                                    f"{'try' if attempt == 1 else 'tries'}: {exc})") from None
                 raise
             spent += wait
     raise AssertionError("unreachable")  # the last try returns or raises

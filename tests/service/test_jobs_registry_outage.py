@@ -67,17 +67,18 @@ def test_a_fit_whose_registry_is_unavailable_at_register_waits_and_registers(reg
     seen = []
 
     def progress(stage, fraction):
-        seen.append(stage)
-        if stage == "register" and not holder.held:  # the registry goes away once the fit is done ...
+        if stage == "register" and stage not in seen:  # the registry goes away once the fit is done ...
             holder.take()
         elif stage == WAITING:  # ... and is back while the fit waits for it
             holder.free()
+        seen.append(stage)
 
     try:
         v = _fit(reg, progress)
     finally:
         holder.free()
     assert WAITING in seen and seen.index(WAITING) > seen.index("register")
+    assert seen[-1] == "register"  # back from waiting once registered
     assert [x.version for x in reg.list_versions("a2b")] == [v.version] == [1]  # registered once
     assert reg.load_map("a2b:1").source_dim == planted(200)[0].shape[1]
 
@@ -286,3 +287,122 @@ def test_a_fit_found_after_a_lost_answer_keeps_the_worse_default_note(reg, monke
     few = run_fit(reg, source=X[:20], target=Y[:20], notes=notes, **kw)  # held-out ~0: worse
     assert few.version == 2 and [x.version for x in reg.list_versions("a2b")] == [1, 2]
     assert notes and "a2b:1" in notes[-1] and "worse" in notes[-1], notes
+
+
+def _fit_job(reg, progress=None):
+    """A job function fitting "a2b" whose progress goes through ``progress(ctx, stage, fraction)`` (else the job's)."""
+    X, Y, _ = planted(200)
+
+    def fit(ctx):
+        def report(stage, fraction):
+            if progress is None:
+                ctx.progress(stage, fraction)
+            else:
+                progress(ctx, stage, fraction)
+
+        return {"ref": run_fit(reg, name="a2b", source=X, target=Y, method="procrustes", paired=True,
+                               source_space="a", target_space="b", progress=report,
+                               should_cancel=ctx.should_cancel).ref}
+
+    return fit
+
+
+def test_a_cancel_during_the_last_sleep_of_a_wait_stops_the_job_before_its_next_try(reg, tmp_path, monkeypatch):
+    """A cancel that came after a wait's last progress report was looked for only after the next try: that try
+    blocked for the registry's whole timeout, and once the registry was back it registered the map of a job cancelled
+    seconds before. The wait sleeps on the job's cancel now: the job ends cancelled before any other try, its error
+    says the map was not registered and how long the registry was away, and nothing is registered."""
+    monkeypatch.setattr("service.registry.retry.REGISTER_WAITS", (0.3,))  # one sleep: no progress report after it
+    holder = _Holder(tmp_path / "reg.sqlite")
+    mgr = JobManager(workers=1, max_queued=4, store=JobStore(tmp_path / "jobs.sqlite"))
+    mgr.open()
+    asked = []
+
+    def progress(ctx, stage, fraction):
+        if stage == "register" and not asked and not holder.held:
+            holder.take()
+        ctx.progress(stage, fraction)
+        if stage == WAITING and not asked:  # the report went through; the cancel comes during the sleep after it
+            holder.free()  # and the registry is back: the next try would register
+            asked.append(mgr.cancel(ctx.job_id).state)
+
+    try:
+        job, _ = mgr.submit(_fit_job(reg, progress), kind="fit")
+        done = wait_job(mgr.get, job.id)
+    finally:
+        holder.free()
+        mgr.shutdown(wait=True)
+    assert asked == ["running"]
+    assert done.state == "cancelled", (done.state, done.error, done.result)
+    stored = JobStore(tmp_path / "jobs.sqlite").get(job.id)[0]
+    assert stored.state == "cancelled" and stored.error["type"] == "JobCancelled"
+    message = stored.error["message"]
+    assert "while waiting for the registry" in message and "map 'a2b' was not registered" in message, message
+    assert "stayed locked" in message  # the registry's error, which the wait was for
+    assert reg.list_maps() == [] or reg.list_versions("a2b") == []
+
+
+def test_a_job_whose_wait_for_the_registry_ended_is_back_in_its_register_stage(reg, tmp_path):
+    """Once a try after a wait registered the map, the job's record still said "register: waiting for the registry"
+    (to a client polling GET /v1/jobs/{id}, and in its stage timings) until the job ended. It is back in "register"
+    as soon as the map is registered, in the record other processes read."""
+    holder = _Holder(tmp_path / "reg.sqlite")
+    store_path = tmp_path / "jobs.sqlite"
+    mgr = JobManager(workers=1, max_queued=4, store=JobStore(store_path))
+    mgr.open()
+    seen = []
+
+    def progress(ctx, stage, fraction):
+        if stage == "register" and stage not in seen:
+            holder.take()
+        elif stage == WAITING:
+            holder.free()
+        seen.append(stage)
+        ctx.progress(stage, fraction)
+
+    fit = _fit_job(reg, progress)
+
+    def fit_then_look(ctx):
+        out = fit(ctx)
+        return {**out, "stage": JobStore(store_path).get(ctx.job_id)[0].stage}  # the registered map's record
+
+    try:
+        job, _ = mgr.submit(fit_then_look, kind="fit")
+        done = wait_job(mgr.get, job.id)
+    finally:
+        holder.free()
+        mgr.shutdown(wait=True)
+    assert done.state == "succeeded" and WAITING in seen, (done.state, done.error)
+    assert done.result["stage"] == "register", done.result
+    assert done.stage == "done" and WAITING in done.stage_seconds
+
+
+def test_the_seconds_waited_for_the_registry_count_its_connect_timeouts(reg, tmp_path, monkeypatch):
+    """A registry that does not answer (a PostgreSQL host gone: each try ends at its connect timeout) was waited for
+    for as long as the tries took, but only the sleeps between them were counted (0.0 s of them here). The error a
+    job ends with (and the log) counts from the first try's start."""
+    import re
+    import time
+
+    monkeypatch.setattr("service.registry.retry.REGISTER_WAITS", (0.0,))
+    tries = []
+
+    def timeout(point):
+        if point == "artifact_stored":  # before the transaction: where a connection to the registry is made
+            t0 = time.monotonic()
+            time.sleep(0.25)
+            tries.append(time.monotonic() - t0)
+            raise RegistryUnavailableError("cannot connect to PostgreSQL registry: timeout expired (test)")
+
+    monkeypatch.setattr("service.registry.core.FAULT_HOOK", timeout)
+    mgr = JobManager(workers=1, max_queued=4, store=JobStore(tmp_path / "jobs.sqlite"))
+    mgr.open()
+    try:
+        job, _ = mgr.submit(_fit_job(reg), kind="fit")
+        failed = wait_job(mgr.get, job.id)
+    finally:
+        mgr.shutdown(wait=True)
+    assert failed.state == "failed" and failed.error["type"] == "RegistryUnavailableError", failed.error
+    said = re.search(r"map 'a2b' waited ([0-9.]+) s for the registry, 2 tries", failed.error["message"])
+    assert said is not None and len(tries) == 2, failed.error["message"]
+    assert float(said.group(1)) + 0.05 >= sum(tries), (said.group(0), tries)  # shown to 0.1 s
