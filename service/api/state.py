@@ -132,7 +132,6 @@ class AppState:
         self.registry: Registry | None = None
         self.registry_error: str | None = None
         self.registry_probe = None  # (future, start time) of /readyz's registry query (routers/ops.py)
-        self.artifacts_checked: tuple[float | None, str] = (None, "ok")  # (monotonic time, what /readyz said)
         self.artifacts_probe = None  # (future, start time) of /readyz's look at the artifact folder
         self.data_dir_probe = None  # (future, start time) of /readyz's look at the folders it writes to
         self.indexes = IndexStore(Path(settings.data_dir) / "indexes", observer=self.metrics)

@@ -14,11 +14,13 @@ ARTIFACT_SAMPLE = 8
 #: fewest files of the sample missing that say "another folder" (fewer are lost files, whatever share they are)
 MIN_MISSING = 3
 #: how long a verdict is reused: by a transform whose file is missing (one query and 8 ``stat``\ s each time
-#: otherwise), and by /readyz (service/api/routers/ops.py)
+#: otherwise), and by /readyz (service/api/routers/ops.py) when it was "the registry's folder"; a successful read of
+#: an artifact ends a "not the registry's" verdict at once (:meth:`~service.registry.store.ArtifactStore.get`)
 VERDICT_S = 30.0
 
 
-def artifacts_elsewhere(db, store, tables, sample: int = ARTIFACT_SAMPLE, *, max_age: float = 0.0) -> str | None:
+def artifacts_elsewhere(db, store, tables, sample: int = ARTIFACT_SAMPLE, *, max_age: float = 0.0,
+                        keep_foreign: bool = True) -> str | None:
     """Why this artifact folder is not the registry's, or None: :data:`MIN_MISSING` (3) or more, and half or more, of
     the ``sample`` newest live versions' files (of the version ``tables``: maps' and steers',
     :data:`~service.registry.entity.VERSION_TABLES`) are not in it (one ``stat`` each).
@@ -30,13 +32,17 @@ def artifacts_elsewhere(db, store, tables, sample: int = ARTIFACT_SAMPLE, *, max
     whatever the share: a registry of one or two live versions cannot tell the two apart, and keeps the integrity
     error (500) a lost file always was, whose ``registry verify`` lists it.
 
-    ``max_age``: reuse the verdict of a look at most that many seconds old (kept on ``store``). The newest come from
+    ``max_age``: reuse the verdict of a look at most that many seconds old (kept on ``store``, the one place it is
+    kept: /readyz kept a copy of its own for 30 s more, so a folder put right stayed "not ready"); ``keep_foreign``
+    False: a "not the registry's" verdict is not reused (/readyz: a replica not ready gets no traffic, no read of
+    an artifact would end it). The newest come from
     ``created_at``, which has no index: the primary keys are (name, version), which order by name, not age, so
     they cannot stand in; at one query per :data:`VERDICT_S` per process a sort of the versions' rows costs less
     than an index every write would keep. The folder's path goes to the log only: clients and /readyz (no key
     needed) are told "this data dir's artifact folder"."""
     seen = store.elsewhere_seen
-    if max_age and seen is not None and time.monotonic() - seen[0] < max_age:
+    if (max_age and seen is not None and time.monotonic() - seen[0] < max_age
+            and (keep_foreign or seen[1] is None)):
         return seen[1]
     with db.tx() as t:
         rows = t.q(" UNION ALL ".join(f"SELECT artifact_path, created_at FROM {table} WHERE deleted = 0 AND "

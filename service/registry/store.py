@@ -146,6 +146,7 @@ class ArtifactStore:
         got = sha256_bytes(data)
         if got != sha:
             raise IntegrityError(f"artifact {rel} is corrupt: sha256 {got[:12]}… != recorded {sha[:12]}…")
+        self._read()
         return data
 
     @contextmanager
@@ -162,8 +163,16 @@ class ArtifactStore:
                 raise IntegrityError(f"artifact {rel} is missing or unreadable: {exc.strerror}") from None
             if got != sha:
                 raise IntegrityError(f"artifact {rel} is corrupt: sha256 {got[:12]}… != recorded {sha[:12]}…")
+            self._read()
             fh.seek(0)
             yield fh
+
+    def _read(self) -> None:
+        """An artifact was read whole and verified: a kept verdict "this folder is not the registry's" is dropped, the
+        next miss looks again (elsewhere.py). It stayed 30 s after the folder was put right: a file lost meanwhile
+        was a 503 "replicas must share ..." instead of the 500 a lost file is."""
+        if self.elsewhere_seen is not None and self.elsewhere_seen[1] is not None:
+            self.elsewhere_seen = None
 
     def all_relpaths(self) -> set[str]:
         """Relative paths of the files in the ``<sha[:2]>/`` folders (:meth:`artifact_files`, any name)."""

@@ -115,26 +115,23 @@ async def _registry_check(state) -> str:
 async def _artifacts_check(state) -> str:
     """``"ok"``, or why this data dir's artifact folder is not the registry's
     (:func:`~service.registry.elsewhere.artifacts_elsewhere`: most of the newest versions' files are missing here),
-    looked at once per :data:`~service.registry.elsewhere.VERDICT_S` (30 s), within :data:`READY_WAIT_S`, one look
-    at a time. Such a replica said ready, then answered every transform with a 500 "artifact ... is missing" (QA
-    4801). "No answer" is kept as long as an answer: a hung folder is looked at again in 30 s, by the same thread
-    if it still hangs (it was a new thread per probe, no time limit, until the pool was exhausted)."""
-    at, said = state.artifacts_checked
-    if at is not None and time.monotonic() - at < VERDICT_S:
-        return said
+    within :data:`READY_WAIT_S`, one look at a time. Such a replica said ready, then answered every transform with a
+    500 "artifact ... is missing" (QA 4801). An "ok" verdict is reused for :data:`~service.registry.elsewhere.VERDICT_S`
+    (30 s); a "not the registry's" one is looked at again at each probe, from the registry store's one kept verdict
+    (a copy kept here said "not ready" for 30 s after the folder was put right). A hung folder is looked at by one
+    thread however many probes ask, each answered "no answer" within READY_WAIT_S (it was a new thread per probe, no
+    time limit, until the pool was exhausted)."""
     reg = state.registry
     try:
-        why = await _within_wait(state, "artifacts_probe",
-                                 lambda: artifacts_elsewhere(reg.db, reg.store, VERSION_TABLES))
-        said = "ok" if why is None else f"error: {why}"
+        why = await _within_wait(state, "artifacts_probe", lambda: artifacts_elsewhere(
+            reg.db, reg.store, VERSION_TABLES, max_age=VERDICT_S, keep_foreign=False))
+        return "ok" if why is None else f"error: {why}"
     except TimeoutError as waited:
-        said = f"error: no answer from this data dir's artifact folder for {waited.args[0]:.1f} s"
+        return f"error: no answer from this data dir's artifact folder for {waited.args[0]:.1f} s"
     except OSError as exc:  # its message may name the folder: unauthenticated, so the reason only
-        return f"error: {type(exc).__name__}: {exc.strerror}"  # not kept: looked at again next time
-    except Exception as exc:  # noqa: BLE001 - reported, not raised (and looked at again next time)
+        return f"error: {type(exc).__name__}: {exc.strerror}"
+    except Exception as exc:  # noqa: BLE001 - reported, not raised
         return f"error: {type(exc).__name__}: {hide_endpoints(str(exc))}"
-    state.artifacts_checked = (time.monotonic(), said)
-    return said
 
 
 @router.get("/metrics", summary="Prometheus metrics", response_class=Response, dependencies=[MetricsAccess],

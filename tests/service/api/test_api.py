@@ -456,6 +456,29 @@ def test_a_replica_without_the_registrys_artifacts_is_not_ready_and_says_why(tmp
         assert str(tmp_path) not in ready.text + r.text  # the folder's path: in the log only (no key for /readyz)
 
 
+def test_a_replica_whose_artifact_folder_is_put_right_is_ready_at_the_next_probe(tmp_path):
+    """/readyz kept its "not the registry's artifacts" answer for 30 s in a copy of its own, beside the registry
+    store's: a replica whose folder was put right (the shared mount back) stayed "not ready" for 30 s more, and took
+    no traffic meanwhile. The next probe is ready now, and its transforms answer."""
+    import shutil
+
+    url = f"sqlite:///{(tmp_path / 'shared.sqlite').resolve()}"
+    with served_world(tmp_path / "writer", registry_url=url) as (c, app, data):
+        import align
+
+        app.state.vb.registry.register_steer("up", align.MeanShift(np.ones(16, np.float32)), space="a")  # 3 versions
+        shared = app.state.vb.registry.store.root
+    with TestClient(create_app(settings_for(tmp_path / "replica", registry_url=url))) as c:
+        app = c.app
+        ready = c.get("/readyz")
+        assert ready.status_code == 503 and "does not hold the registry's" in ready.json()["checks"]["artifacts"]
+        shutil.copytree(shared, app.state.vb.registry.store.root, dirs_exist_ok=True)  # the folder put right
+        ready = c.get("/readyz")
+        assert ready.status_code == 200 and ready.json()["checks"]["artifacts"] == "ok", ready.text
+        r = c.post("/v1/maps/a2b@prod/transform", json={"vectors": data["X"][:2].tolist()}, headers=R)
+        assert r.status_code == 200, r.text
+
+
 def test_one_lost_file_of_a_registry_of_two_versions_leaves_the_replicas_ready(tmp_path):
     """QA 4803: 1 of 2 newest files missing was "half or more": every replica not ready, and that map's 500 a 503
     "replicas must share ...". Fewer than 3 missing is a lost file: ready, and the integrity error it always was."""
@@ -463,7 +486,7 @@ def test_one_lost_file_of_a_registry_of_two_versions_leaves_the_replicas_ready(t
         reg = app.state.vb.registry
         assert len(reg.list_versions("b2c")) + len(reg.list_versions("a2b")) == 2
         reg.store.path(reg.resolve("b2c:1").artifact_path).unlink()
-        app.state.vb.artifacts_checked = (None, "ok")  # as 30 s later
+        app.state.vb.registry.store.elsewhere_seen = None  # as 30 s later
         assert c.get("/readyz").json()["checks"]["artifacts"] == "ok"
         assert c.post("/v1/maps/a2b@prod/transform", json={"vectors": data["X"][:2].tolist()}, headers=R).is_success
         r = c.post("/v1/maps/b2c:1/transform", json={"vectors": data["Y"][:2].tolist()}, headers=R)
@@ -540,7 +563,7 @@ def test_readiness_looks_at_a_hung_artifact_folder_with_one_thread_and_answers_i
             assert (await c.get("/readyz")).status_code == 200
             monkeypatch.setattr(core, "FAULT_HOOK", hang)
             hung.set()
-            app.state.vb.artifacts_checked = (None, "ok")  # as 30 s later
+            app.state.vb.registry.store.elsewhere_seen = None  # as 30 s later
             try:
                 answers = await asyncio.gather(*(c.get("/readyz") for _ in range(45)))
                 assert {a.status_code for a in answers} == {503}

@@ -1266,6 +1266,32 @@ def test_a_replica_reading_another_artifact_folder_is_told_apart_from_a_lost_fil
         b.close()
 
 
+def test_a_read_artifact_ends_a_kept_foreign_folder_verdict(registry_url, tmp_path):
+    """The verdict "this folder is not the registry's" was kept 30 s whatever happened: once the folder was put right,
+    a file truly lost meanwhile was a 503 "replicas must share its artifact folder" (ArtifactsElsewhereError) instead
+    of the 500 integrity error a lost file is. A successful read of an artifact ends the kept verdict at once."""
+    import shutil
+
+    from service.registry import ArtifactsElsewhereError
+
+    a = open_registry(registry_url, tmp_path / "artifacts")
+    b = open_registry(registry_url, tmp_path / "replica" / "artifacts")
+    try:
+        for seed in range(4):
+            register(a, seed=seed)
+        with pytest.raises(ArtifactsElsewhereError):
+            b.load_map("a->b:1")  # the verdict is kept (VERDICT_S)
+        shutil.copytree(a.store.root, b.store.root, dirs_exist_ok=True)  # the folder put right ...
+        b.store.path(b.get_version("a->b", 4).artifact_path).unlink()  # ... but for one file, lost
+        assert b.load_map("a->b:1").source_dim == 8  # read: the folder holds the registry's artifacts after all
+        with pytest.raises(IntegrityError, match="missing or unreadable") as e:
+            b.load_map("a->b:4")
+        assert not isinstance(e.value, ArtifactsElsewhereError), e.value
+    finally:
+        a.close()
+        b.close()
+
+
 def test_a_lost_file_of_a_small_registry_stays_an_integrity_error_and_the_verdict_is_kept(registry_url, tmp_path):
     """QA 4803: "half or more of the newest missing" called one lost file of a registry of one or two live versions a
     foreign folder (/readyz 503 on every replica, its map's 500 a 503 "replicas must share"); it takes 3 missing now.
