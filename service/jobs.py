@@ -459,6 +459,8 @@ class JobManager:
         ctx = JobContext(job, self._lock, self._persist if self.store is not None else None,
                          self.store.progress_interval if self.store is not None else 0.5)
         self._wakes[job.id] = ctx.wake
+        if job.cancel_requested:  # asked between the start and here: no _wake found it
+            ctx.wake.set()
         try:
             result = run_waking(ctx.wake, lambda: fn(ctx))  # a registry wait (pause) wakes on a cancel at once
         except BaseException as exc:  # noqa: BLE001 - a job must never kill its worker
