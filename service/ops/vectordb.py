@@ -197,7 +197,8 @@ def run_migration(*, store_url: str, source: str, target: str, map_ref, checkpoi
     after each batch as a signal is, and while the target's index builds (every :data:`CANCEL_POLL_S`), which it
     cancels as a signal does (:meth:`~service.vectordb.base.VectorStore.interrupt`): MigrationInterrupted.
     ``data_dir``: the registry's (the face's setting), recorded with the options a resume must give again
-    (:func:`checkpoint_status`'s ``resume``; never the store's URL or key).
+    (:func:`checkpoint_status`'s ``resume``; never the store's URL or key). A refused resume (other options) names
+    CLI flags, or the HTTP request's fields when ``space_option`` is one (``source_space``).
     """
     if pause < 0:
         raise InputError(f"pause must be >= 0, got {pause}")
@@ -205,9 +206,13 @@ def run_migration(*, store_url: str, source: str, target: str, map_ref, checkpoi
     ckpt = FileCheckpoint(checkpoint, options={
         "alias": alias, "index": index, "id_field": id_field, "vector_field": vector_field, "text_field": text_field,
         "source_space": source_space, "target_space": target_space,
-        "data_dir": None if data_dir is None else str(Path(data_dir).resolve())})
+        "data_dir": None if data_dir is None else str(Path(data_dir).resolve())},
+        json_fields=not space_option.startswith("--"))
     store = open_store_for(store_url, index=index or "like", id_field=id_field, vector_field=vector_field,
                            text_field=text_field, api_key=api_key, ca_file=ca_file)
+    # what each option left unset means on this store: `--index like` recorded, a resume without --index is no change
+    ckpt.resolve_options(index="like", id_field=store.id_field, vector_field=store.vector_field,
+                         text_field=store.text_field)
 
     def on_batch(p: MigrationProgress) -> None:
         if progress is not None:

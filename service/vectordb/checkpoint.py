@@ -42,6 +42,10 @@ class Checkpoint:
     def lock(self):
         return nullcontext()
 
+    def resolve_options(self, **defaults) -> None:
+        """What options left unset resolve to (``target_space``: the map's), for comparing a resume's options with
+        the recorded ones; ignored by a checkpoint that records none."""
+
     def load(self) -> dict | None:  # pragma: no cover - interface
         raise NotImplementedError
 
@@ -76,9 +80,11 @@ class FileCheckpoint(Checkpoint):
     #: options a resume may give that the first run did not (every other recorded option must be given again as it was)
     ADDABLE = frozenset({"alias", "index", "source_space", "target_space"})
 
-    def __init__(self, path, *, options: dict | None = None):
+    def __init__(self, path, *, options: dict | None = None, json_fields: bool = False):
         self.path = Path(path)
         self.options = options
+        self.defaults: dict = {}  # what an option left unset resolves to (index: like): :meth:`resolve_options`
+        self.json_fields = json_fields  # a refusal names the HTTP request's fields, not the CLI's flags
         if self.path.is_dir():
             raise InputError(f"checkpoint {self.path} is a directory; give a file path, e.g. {self.path / 'run.json'}")
         if self.path.exists() and not self.path.is_file():
@@ -98,22 +104,44 @@ class FileCheckpoint(Checkpoint):
             self._check_options(state.get("options"))
         return state
 
+    def resolve_options(self, **defaults) -> None:
+        self.defaults.update({k: v for k, v in defaults.items() if v is not None})
+
     def _check_options(self, recorded) -> None:
         """CheckpointMismatchError when this run's options differ from the ones the checkpoint's run recorded (a
         review's find: a resume without the first run's ``--alias`` finished, said "finished", and never switched
         the alias; another ``--index`` built another index). What the first run left unset (:data:`ADDABLE`: an
-        alias, an index, a space declaration) a resume may add; the field names it may not change at all; the data
-        dir is not compared (one registry may be named by several paths)."""
+        alias, an index, a space declaration) a resume may add; the field names it may not change at all. Values
+        are compared as they resolve (:attr:`defaults`): ``--index like`` recorded and a resume without ``--index``
+        (whose default is ``like``) is no change. Where things are (the data dir, the registry) is not compared (one
+        registry may be named by several paths). The refusal names CLI flags, or with ``json_fields`` the fields
+        of an HTTP request."""
         if self.options is None or not isinstance(recorded, dict):
             return  # a status read, or a checkpoint of a release that recorded none
-        differ = [f"--{k.replace('_', '-')} {recorded.get(k)!r} (this run: {self.options.get(k)!r})"
+        differ = [self._named(k, recorded.get(k), self.options.get(k))
                   for k in sorted(set(recorded) | set(self.options))
-                  if k != "data_dir" and recorded.get(k) != self.options.get(k)
-                  and not (k in self.ADDABLE and recorded.get(k) is None)]
+                  if k not in self.WHERE and not self._same(k, recorded.get(k), self.options.get(k))]
         if differ:
-            raise CheckpointMismatchError(
-                f"checkpoint {self.path} was started with other options: {'; '.join(differ)}; give the same ones "
-                f"to resume it (`vecbridge migrate --status` prints the command), or move it away to start afresh")
+            how = ("send the same fields to resume it (GET /v1/migrations shows them in its `resume`)"
+                   if self.json_fields else
+                   "give the same ones to resume it (`vecbridge migrate --status` prints the command)")
+            raise CheckpointMismatchError(f"checkpoint {self.path} was started with other options: "
+                                          f"{'; '.join(differ)}; {how}, or move it away to start afresh")
+
+    #: recorded options that say where things are, for the resume command; never compared
+    WHERE = frozenset({"data_dir", "registry_url"})
+
+    def _same(self, key: str, was, now) -> bool:
+        """Whether option ``key`` recorded as ``was`` and given as ``now`` means the same (or may be added)."""
+        if was == now or (key in self.ADDABLE and was is None):
+            return True
+        return (self.defaults.get(key) if was is None else was) == (self.defaults.get(key) if now is None else now)
+
+    def _named(self, key: str, was, now) -> str:
+        """``--index 'hnsw' (this run: None)``, or over HTTP ``index "hnsw" (this request: null)``."""
+        if self.json_fields:
+            return f"{key} {json.dumps(was)} (this request: {json.dumps(now)})"
+        return f"--{key.replace('_', '-')} {was!r} (this run: {now!r})"
 
     def save(self, state):
         if self.options is not None:

@@ -474,7 +474,7 @@ def _migrate(store: VectorStore, source: str, target: str, map_, *, alias, batch
         raise SpaceMismatchError(f"--target-space says {target_space!r} but the map writes {map_tgt!r}: the target "
                                  "would record a space its vectors are not in (query-side searches would skip the "
                                  "map); leave --target-space out or use the map into that space")
-    map_tgt = target_space or map_tgt
+    map_tgt, maps_tgt = target_space or map_tgt, map_tgt
     check_name(source), check_name(target)
     if source == target:
         raise InputError("source and target must differ")
@@ -507,6 +507,8 @@ def _migrate(store: VectorStore, source: str, target: str, map_, *, alias, batch
     space_check = check_spaces(store, source, source_space, map_src, map_, space_option)
     fp = map_fingerprint(map_)
     notes: list[str] = []
+    # a resume that leaves out a space the first run gave as its default (the map's, the collection's) changes nothing
+    checkpoint.resolve_options(target_space=maps_tgt, source_space=store.get_space(source))
     state = checkpoint.load()
     t0 = time.perf_counter()
     start = _start(store, state, source, target, fp, overwrite, label)

@@ -1,0 +1,87 @@
+"""A stopped migration's resume: the options it must give again, compared as they resolve; a refusal over HTTP naming
+the request's fields."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from _api_support import W, settings_for
+from _jobs_support import wait_http_job
+from _servers import seed_registry
+
+from service.ops.vectordb import default_checkpoint, run_migration
+from service.registry import open_registry
+from service.vectordb import CheckpointMismatchError, MigrationInterrupted, open_store
+
+pytest.importorskip("qdrant_client")
+
+N = 120
+
+
+@pytest.fixture
+def world(tmp_path):
+    """A registry (spaces a, b; map a2b) in ``data`` and a local Qdrant folder holding ``src`` (N rows, space a)."""
+    data = tmp_path / "data"
+    X, _, _ = seed_registry(data)
+    url = f"qdrant://{tmp_path / 'qd'}"
+    with open_store(url) as s:
+        s.create("src", X.shape[1])
+        s.set_space("src", "a")
+        s.upsert("src", np.arange(N), X[:N], [f"t{i}" for i in range(N)])
+    reg = open_registry(f"sqlite:///{(data / 'registry.sqlite').resolve()}", (data / "artifacts").resolve())
+    yield {"tmp": tmp_path, "data": data, "url": url, "registry": reg}
+    reg.close()
+
+
+def _migrate(world, checkpoint, *, stop: bool = False, target: str = "dst", **opts):
+    """``run_migration`` of ``src`` into ``target`` through ``a2b``, 40 rows a batch; ``stop``: stopped after the
+    first."""
+    return run_migration(store_url=world["url"], source="src", target=target, map_ref="a2b", checkpoint=checkpoint,
+                         registry=world["registry"], batch_size=40, data_dir=world["data"],
+                         cancelled=(lambda: True) if stop else None, **opts)
+
+
+def test_a_resume_leaving_out_what_the_run_gave_as_the_default_goes_on_and_a_real_change_is_refused(world):
+    """A run started with ``--index like`` (what no ``--index`` means), the store's own text field and the map's own
+    target space, then stopped: its resume without those flags was refused as "started with other options:
+    --index 'like' (this run: None)", although it changes nothing. Values are compared as they resolve; another
+    index or field is still refused, naming it, the checkpoint untouched."""
+    ck = world["tmp"] / "run.json"
+    with pytest.raises(MigrationInterrupted):
+        _migrate(world, ck, stop=True, index="like", text_field="text", target_space="b")
+    done = json.loads(ck.read_text())["done"]
+    assert 0 < done < N
+    with pytest.raises(CheckpointMismatchError, match=r"--index 'like' \(this run: 'hnsw'\)"):
+        _migrate(world, ck, index="hnsw", text_field="text", target_space="b")
+    with pytest.raises(CheckpointMismatchError, match=r"--text-field 'text' \(this run: 'body'\)"):
+        _migrate(world, ck, text_field="body")
+    assert json.loads(ck.read_text())["done"] == done  # the refusals wrote nothing
+    rep = _migrate(world, ck)  # no --index, --text-field, --target-space: their defaults, the recorded values
+    assert rep.rows == N and rep.resumed_from is not None and rep.rows_this_run == N - done, rep
+    with open_store(world["url"]) as s:
+        assert s.get_space("dst") == "b"
+
+
+def test_a_refused_resume_over_http_names_the_requests_fields(world):
+    """A resume whose options differ is refused (the job fails, CheckpointMismatchError: a conflict); over HTTP the
+    message named the CLI's flags (``--alias 'live' (this run: None)``), which an HTTP client never sends. It names
+    the request's JSON fields and values."""
+    from fastapi.testclient import TestClient
+
+    from service.api.app import create_app
+
+    with pytest.raises(MigrationInterrupted):
+        _migrate(world, default_checkpoint(world["data"], "src", "dst"), stop=True, alias="live", index="hnsw",
+                 space_option="source_space")
+    with TestClient(create_app(settings_for(world["tmp"], vectordb_url=world["url"]))) as c:
+        r = c.post("/v1/migrations", json={"source": "src", "target": "dst", "map": "a2b", "batch_size": 40},
+                   headers=W)
+        assert r.status_code == 202, r.text
+        job = wait_http_job(c, r.json()["id"], headers=W)
+    assert job["state"] == "failed" and job["error"]["type"] == "CheckpointMismatchError", job
+    msg = job["error"]["message"]
+    assert 'alias "live" (this request: null)' in msg and 'index "hnsw" (this request: null)' in msg, msg
+    assert "--" not in msg.split(" was started with other options: ", 1)[1], msg  # no CLI flag, no CLI command
+    assert "GET /v1/migrations" in msg, msg
