@@ -127,6 +127,8 @@ class MigrationStatus(BaseModel):
                                                  "its run recorded (`--alias`, `--index`, field names, spaces, "
                                                  "`--data-dir`; `STORE`: the same vector database); null once "
                                                  "finished.")
+    resume_note: str | None = Field(None, description=(
+        "What `resume` cannot say itself; null when there is nothing to add."))
     fields: list[str] | None = None
     rows_per_s: float | None = Field(None, description="Rows per second of the last run (its own rows and time).")
     eta_s: float | None = Field(None, description="Seconds left at that rate while it runs; null once stopped.")

@@ -34,6 +34,7 @@ from align.exceptions import InputError, VecbridgeError
 
 from ..errors import SIGNAL_WORDS, NotFoundError, exit_code
 from ..vectordb import (
+    Checkpoint,
     FileCheckpoint,
     MigrationInterrupted,
     MigrationProgress,
@@ -263,39 +264,43 @@ def stopped_by(exc: MigrationInterrupted) -> tuple[str, int]:
 
 
 def checkpoint_status(checkpoint) -> dict:
-    """What a checkpoint file says: rows done of total, last id, finished, ``state`` (running, stopped,
+    """What a checkpoint says (a file's path, or a :class:`~service.vectordb.Checkpoint`: a ``PgCheckpoint``, whose
+    run is judged by its advisory lock from any host): rows done of total, last id, finished, ``state`` (running, stopped,
     interrupted or finished), the rate of the last run (its rows over its own time, not the time between runs) and,
     while it runs, the ETA at that rate (None once stopped: nothing is moving). ``holder``: the process the run
     records as writing it (pid, host, start time); a run that recorded no stop but is gone (kill -9, an OOM kill:
     the lock it held is free, :func:`_judged`) is ``interrupted``, ``why`` saying so ("process N is gone"; it read
     "running" for ever), and ``resume`` is the command that resumes it with the options the run recorded (None once
-    finished). The keep set it was given (``migrate --keep-ids``, ``keep``), which a resume must give again:
+    finished, or of a checkpoint no command resumes), ``resume_note`` what that command cannot say itself. The keep set it was given (``migrate --keep-ids``, ``keep``), which a resume must give again:
     ``keep_rows`` (0: none), ``kept`` (rows written with their own vectors so far; None without a set) and
     ``keep_digest`` (its first 12 hex digits, as a refused resume names it; None without a set)."""
-    ckpt = FileCheckpoint(checkpoint)
+    ckpt = checkpoint if isinstance(checkpoint, Checkpoint) else FileCheckpoint(checkpoint)
+    file = isinstance(ckpt, FileCheckpoint)
+    where = ckpt.path if file else f"{getattr(ckpt, 'key', '?')} in {getattr(ckpt, 'table', 'its table')}"
     state = ckpt.load()
     if state is None:
-        raise InputError(f"no checkpoint at {checkpoint} (nothing started, or another --checkpoint)")
+        raise InputError(f"no checkpoint at {where} (nothing started, or another --checkpoint)")
     state, now, why = _judged(ckpt, state)
     done, total = int(state.get("done", 0)), int(state.get("total", 0))
     started, updated = state.get("run_started_at") or state.get("started_at"), state.get("updated_at")
     rows = done - int(state.get("run_done_at_start") or 0)  # a checkpoint of 0.x: the runs together, as before
     rate = rows / (updated - started) if started and updated and updated > started else None
     eta = max(total - done, 0) / rate if now == "running" and rate else None
-    return {"checkpoint": str(checkpoint), "source": state.get("source"), "target": state.get("target"),
+    return {"checkpoint": str(where), "source": state.get("source"), "target": state.get("target"),
             "done": done, "total": total, "fraction": round(done / total, 4) if total else 1.0,
             "batches": int(state.get("batches", 0)), "last_id": state.get("last_id"),
             "finished": bool(state.get("finished")), "state": now, "fields": state.get("fields", []),
             "rows_per_s": None if rate is None else round(rate, 1), "eta_s": None if eta is None else round(eta, 1),
             "updated_at": updated or state.get("finished_at"), "holder": state.get("holder"), "why": why,
-            "resume": None if state.get("finished") else _resume_command(state, checkpoint), **_keep_status(state)}
+            "resume": None if state.get("finished") or not file else _resume_command(state, where),
+            "resume_note": None if state.get("finished") else _resume_note(state, file), **_keep_status(state)}
 
 
 def _state_word(state: dict) -> str:
     return "finished" if state.get("finished") else "stopped" if state.get("stopped_at") else "running"
 
 
-def _judged(ckpt: FileCheckpoint, state: dict) -> tuple[dict, str, str | None]:
+def _judged(ckpt: Checkpoint, state: dict) -> tuple[dict, str, str | None]:
     """``(state, state word, why)`` of :func:`checkpoint_status`. A run that recorded no end is judged by the lock it
     holds (:func:`~service.vectordb.holder.holder_gone`): its pid was judged alone, so a live run in another pid
     namespace on this host name (a container of the same pod) read "interrupted (process N is gone)". Found gone,
@@ -304,12 +309,15 @@ def _judged(ckpt: FileCheckpoint, state: dict) -> tuple[dict, str, str | None]:
     holder = state.get("holder")
     if _state_word(state) != "running":
         return state, _state_word(state), None
-    gone = holder_gone(holder, ckpt.lock_held())
+    held = ckpt.lock_held()
+    # a lock the database holds answers for every host: free there, the run is gone wherever it ran
+    gone = (not held) if held is not None and ckpt.lock_seen_everywhere else holder_gone(holder, held)
     if gone:
         again = ckpt.load() or state
         if again.get("holder") != holder or _state_word(again) != "running":
             return again, _state_word(again), None
-        return state, "interrupted", f"process {holder['pid']} is gone"
+        return state, "interrupted", (f"process {holder['pid']} is gone" if isinstance(holder, dict) and "pid" in holder
+                                      else "no run holds its lock")
     if gone is None and isinstance(holder, dict) and holder.get("host") != socket.gethostname():
         return state, "running", f"process {holder.get('pid')} on host {holder.get('host')}, not checked from here"
     return state, "running", None
@@ -332,6 +340,14 @@ def _resume_command(state: dict, checkpoint) -> str:
     words += [w for key, flag in RESUME_OPTIONS.items() if opts.get(key) is not None for w in (flag, str(opts[key]))]
     keep = " --keep-ids IDS --keep-vectors VECTORS" if state.get("keep_digest") else ""
     return shlex.join(words) + keep
+
+
+def _resume_note(state: dict, file: bool = True) -> str | None:
+    """What the resume command cannot say itself: of a checkpoint not in a file
+    (:class:`~service.vectordb.PgCheckpoint`), that no command resumes it."""
+    if not file:
+        return "no vecbridge command resumes it: call service.vectordb.migrate again with the same checkpoint"
+    return None
 
 
 def _keep_status(state: dict) -> dict:

@@ -42,6 +42,13 @@ class Checkpoint:
     def lock(self):
         return nullcontext()
 
+    def lock_held(self) -> bool | None:
+        """Whether a run holds :meth:`lock` now (True / False); None when it cannot be told (no lock to ask)."""
+        return None
+
+    #: True when :meth:`lock_held` answers for every host (a lock the database holds), not this host's only
+    lock_seen_everywhere = False
+
     def resolve_options(self, **defaults) -> None:
         """What options left unset resolve to (``target_space``: the map's), for comparing a resume's options with
         the recorded ones; ignored by a checkpoint that records none."""
@@ -229,12 +236,17 @@ class FileCheckpoint(Checkpoint):
 class PgCheckpoint(Checkpoint):
     """A row of ``vecbridge_migrations (key text primary key, state jsonb, updated_at)`` in PostgreSQL.
 
-    ``key`` names the migration (default ``"<source>-><target>"`` chosen by the caller).
+    ``key`` names the migration (default ``"<source>-><target>"`` chosen by the caller). A run holds a session
+    advisory lock keyed from ``table:key`` (:meth:`lock`); :meth:`lock_held` probes it from another session, so a
+    status read tells a live run from one killed on any host that shares the database.
     """
+
+    lock_seen_everywhere = True  # the database holds the lock: its answer is the same from every host
 
     def __init__(self, url: str, key: str, *, table: str = "vecbridge_migrations"):
         import psycopg
 
+        self.url = url
         self.key = key
         self.table = check_name(table, "table")
         self.conn = psycopg.connect(url, autocommit=True)
@@ -254,17 +266,42 @@ class PgCheckpoint(Checkpoint):
     def clear(self):
         self.conn.execute(f"DELETE FROM {self.table} WHERE key = %s", (self.key,))
 
+    @property
+    def lock_key(self) -> str:
+        """What the advisory lock is keyed from (``hashtext`` of it): the table and the checkpoint's key."""
+        return f"{self.table}:{self.key}"
+
     @contextmanager
     def lock(self):
-        """A session advisory lock on ``hashtext(table:key)`` (dropped with the connection if the process dies)."""
-        k = f"{self.table}:{self.key}"
-        if not self.conn.execute("SELECT pg_try_advisory_lock(hashtext(%s))", (k,)).fetchone()[0]:
+        """A session advisory lock on ``hashtext(table:key)`` (dropped with the connection if the process dies).
+        Held for a moment only (a status read's probe, :meth:`lock_held`), it is asked again for
+        :data:`PROBE_GRACE_S`, as a file's is."""
+        deadline = time.monotonic() + PROBE_GRACE_S
+        while not self.conn.execute("SELECT pg_try_advisory_lock(hashtext(%s))", (self.lock_key,)).fetchone()[0]:
+            if time.monotonic() < deadline:
+                time.sleep(0.01)
+                continue
             raise MigrationRunningError(f"another run of this migration is writing now (checkpoint {self.key!r} "
                                         f"in {self.table}); wait for it, or stop it and run again to resume")
         try:
             yield self
         finally:
-            self.conn.execute("SELECT pg_advisory_unlock(hashtext(%s))", (k,))
+            self.conn.execute("SELECT pg_advisory_unlock(hashtext(%s))", (self.lock_key,))
+
+    def lock_held(self) -> bool | None:
+        """Whether a run holds :meth:`lock` now, asked on a connection of its own (a session's advisory locks are
+        its own to take again: asked on :attr:`conn`, a lock this object holds read free): the lock taken and let
+        go at once (False), or refused (True). None when the database cannot be reached to ask."""
+        import psycopg
+
+        try:
+            with psycopg.connect(self.url, autocommit=True) as probe:
+                if not probe.execute("SELECT pg_try_advisory_lock(hashtext(%s))", (self.lock_key,)).fetchone()[0]:
+                    return True
+                probe.execute("SELECT pg_advisory_unlock(hashtext(%s))", (self.lock_key,))
+                return False
+        except psycopg.OperationalError:
+            return None
 
     def close(self):
         self.conn.close()
