@@ -125,10 +125,11 @@ class MigrationStatus(BaseModel):
                                               "on another host that cannot be checked from this one.")
     resume: str | None = Field(None, description="The `vecbridge migrate` command that resumes it, with the options "
                                                  "its run recorded (`--alias`, `--index`, field names, spaces, "
-                                                 "`--data-dir`; `STORE`: the same vector database); null once "
-                                                 "finished.")
+                                                 "`--data-dir`, `--registry-url`; `STORE`: the same vector "
+                                                 "database); null once finished.")
     resume_note: str | None = Field(None, description=(
-        "What `resume` cannot say itself; null when there is nothing to add."))
+        "What `resume` cannot say itself: the registry URL it names is shown without its password (`***`), and how "
+        "to give that; null when there is nothing to add."))
     fields: list[str] | None = None
     rows_per_s: float | None = Field(None, description="Rows per second of the last run (its own rows and time).")
     eta_s: float | None = Field(None, description="Seconds left at that rate while it runs; null once stopped.")

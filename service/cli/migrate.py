@@ -75,7 +75,8 @@ def migrate(obj: Ctx, store, text_field, vector_field, id_field, source, target,
                           f"({100 * st['fraction']:.1f}%), last id {st['last_id']}, "
                           f"{'finished' if st['finished'] else 'not finished, ' + st['state']}"
                           f"{' (' + st['why'] + ')' if st['why'] else ''}{eta}" + _keep_status_line(st)
-                          + (f"; resume: {st['resume']}" if st["state"] in ("interrupted", "stopped") else ""))
+                          + (f"; resume: {st['resume']}" if st["state"] in ("interrupted", "stopped") else "")
+                          + (f" ({st['resume_note']})" if st["resume_note"] and st["state"] != "running" else ""))
         return
     store = obj.store_url(store)
     quiet_client_logs(store)  # pymilvus logged ~150 lines of tracebacks before the one error line
@@ -87,7 +88,8 @@ def migrate(obj: Ctx, store, text_field, vector_field, id_field, source, target,
                             batch_size=batch_size, overwrite=overwrite, pause=pause, index=index, id_field=id_field,
                             vector_field=vector_field, text_field=text_field, source_space=source_space,
                             target_space=target_space, progress=progress, dry_run=dry_run, keep_ids=keep_ids,
-                            keep_vectors=keep_vectors, data_dir=obj.settings.data_dir)
+                            keep_vectors=keep_vectors, data_dir=obj.settings.data_dir,
+                            registry_url=obj.settings.registry_url)
     except MigrationInterrupted as exc:
         progress.close()
         word, code = stopped_by(exc)  # 128 + the signal, as every other command exits (143 SIGTERM)

@@ -33,6 +33,8 @@ from pathlib import Path
 from align.exceptions import InputError, VecbridgeError
 
 from ..errors import SIGNAL_WORDS, NotFoundError, exit_code
+from ..registry.db import sqlite_path
+from ..urls import safe_url
 from ..vectordb import (
     Checkpoint,
     FileCheckpoint,
@@ -184,7 +186,8 @@ def run_migration(*, store_url: str, source: str, target: str, map_ref, checkpoi
                   text_field: str | None = None, source_space: str | None = None, target_space: str | None = None,
                   progress: Callable[[MigrationProgress], None] | None = None, api_key: str | None = None,
                   ca_file=None, dry_run: bool = False, space_option: str = "--source-space", keep_ids=None,
-                  keep_vectors=None, cancelled: Callable[[], bool] | None = None, data_dir=None) -> MigrationReport:
+                  keep_vectors=None, cancelled: Callable[[], bool] | None = None, data_dir=None,
+                  registry_url: str | None = None) -> MigrationReport:
     """Migrate ``source`` into ``target`` through ``map_ref`` (artifact path or registry ref), resumably.
 
     ``checkpoint``: a JSON file path (run the same call again to resume). ``pause``: seconds to
@@ -197,9 +200,10 @@ def run_migration(*, store_url: str, source: str, target: str, map_ref, checkpoi
     :func:`service.vectordb.migrate`). ``cancelled``: a stop asked from outside (a server job's cancel), polled
     after each batch as a signal is, and while the target's index builds (every :data:`CANCEL_POLL_S`), which it
     cancels as a signal does (:meth:`~service.vectordb.base.VectorStore.interrupt`): MigrationInterrupted.
-    ``data_dir``: the registry's (the face's setting), recorded with the options a resume must give again
-    (:func:`checkpoint_status`'s ``resume``; never the store's URL or key). A refused resume (other options) names
-    CLI flags, or the HTTP request's fields when ``space_option`` is one (``source_space``).
+    ``data_dir``, ``registry_url``: the registry's (the face's settings; ``registry_url`` None: the data dir's
+    SQLite file), recorded with the options a resume must give again (:func:`checkpoint_status`'s ``resume``; the
+    registry URL without its password, never the store's URL or key). A refused resume (other options) names CLI
+    flags, or the HTTP request's fields when ``space_option`` is one (``source_space``).
     """
     if pause < 0:
         raise InputError(f"pause must be >= 0, got {pause}")
@@ -207,7 +211,8 @@ def run_migration(*, store_url: str, source: str, target: str, map_ref, checkpoi
     ckpt = FileCheckpoint(checkpoint, options={
         "alias": alias, "index": index, "id_field": id_field, "vector_field": vector_field, "text_field": text_field,
         "source_space": source_space, "target_space": target_space,
-        "data_dir": None if data_dir is None else str(Path(data_dir).resolve())},
+        "data_dir": None if data_dir is None else str(Path(data_dir).resolve()),
+        "registry_url": _recorded_registry(registry_url)},
         json_fields=not space_option.startswith("--"))
     store = open_store_for(store_url, index=index or "like", id_field=id_field, vector_field=vector_field,
                            text_field=text_field, api_key=api_key, ca_file=ca_file)
@@ -238,6 +243,15 @@ def run_migration(*, store_url: str, source: str, target: str, map_ref, checkpoi
         raise
     finally:
         store.close()
+
+
+def _recorded_registry(url: str | None) -> str | None:
+    """The registry URL a checkpoint records for its resume command: a SQLite file's made absolute (the command may
+    run in another directory), any other as :func:`~service.urls.safe_url` shows it (never its password)."""
+    if url is None:
+        return None
+    path = sqlite_path(url)
+    return safe_url(url) if path is None else f"sqlite:///{path.resolve()}"
 
 
 def read_keep(keep_ids, keep_vectors, what: str) -> tuple:
@@ -332,9 +346,12 @@ RESUME_OPTIONS = {"alias": "--alias", "index": "--index", "id_field": "--id-fiel
 def _resume_command(state: dict, checkpoint) -> str:
     """The ``vecbridge migrate`` command that resumes the migration a checkpoint records (HTTP runs too: the
     CLI resumes their checkpoints), with the options the run recorded; the store is the one it ran on (``STORE``:
-    not recorded, its URL may hold a password), a keep set the same files (``IDS``, ``VECTORS``)."""
+    not recorded, its URL may hold a password), a keep set the same files (``IDS``, ``VECTORS``). The registry: the
+    ``--data-dir`` and ``--registry-url`` the run used (the URL as :func:`~service.urls.safe_url` shows it, its
+    password ``***``: :func:`_resume_note` says how to give it)."""
     opts = state.get("options") or {}
-    words = ["vecbridge", *(["--data-dir", str(opts["data_dir"])] if opts.get("data_dir") else []), "migrate",
+    words = ["vecbridge", *(["--data-dir", str(opts["data_dir"])] if opts.get("data_dir") else []),
+             *(["--registry-url", str(opts["registry_url"])] if opts.get("registry_url") else []), "migrate",
              "--store", "STORE", "--source", str(state.get("source")), "--target", str(state.get("target")),
              "--map", str(state.get("map") or "MAP"), "--checkpoint", str(checkpoint)]
     words += [w for key, flag in RESUME_OPTIONS.items() if opts.get(key) is not None for w in (flag, str(opts[key]))]
@@ -343,11 +360,16 @@ def _resume_command(state: dict, checkpoint) -> str:
 
 
 def _resume_note(state: dict, file: bool = True) -> str | None:
-    """What the resume command cannot say itself: of a checkpoint not in a file
-    (:class:`~service.vectordb.PgCheckpoint`), that no command resumes it."""
+    """What the resume command cannot say itself: the registry URL's password, which no checkpoint records; of a
+    checkpoint not in a file (:class:`~service.vectordb.PgCheckpoint`), that no command resumes it."""
     if not file:
         return "no vecbridge command resumes it: call service.vectordb.migrate again with the same checkpoint"
-    return None
+    url = str((state.get("options") or {}).get("registry_url") or "")
+    if "***" not in url:
+        return None
+    return ("the registry URL's password is not recorded (***): give it in the PGPASSWORD environment variable and "
+            "remove the :*** (or password=***) from --registry-url, or leave --registry-url out and set "
+            "VECBRIDGE_REGISTRY_URL (or VECBRIDGE_REGISTRY_URL_FILE) to the whole URL")
 
 
 def _keep_status(state: dict) -> dict:

@@ -1,9 +1,15 @@
-"""A stopped migration's resume: the options it must give again, compared as they resolve; a refusal over HTTP naming
-the request's fields."""
+"""A stopped migration's resume: the options it must give again, compared as they resolve; the command that resumes
+it naming the registry the run used; a refusal over HTTP naming the request's fields."""
 
 from __future__ import annotations
 
 import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -11,12 +17,13 @@ from _api_support import W, settings_for
 from _jobs_support import wait_http_job
 from _servers import seed_registry
 
-from service.ops.vectordb import default_checkpoint, run_migration
+from service.ops.vectordb import checkpoint_status, default_checkpoint, run_migration
 from service.registry import open_registry
 from service.vectordb import CheckpointMismatchError, MigrationInterrupted, open_store
 
 pytest.importorskip("qdrant_client")
 
+ROOT = Path(__file__).resolve().parents[3]
 N = 120
 
 
@@ -85,3 +92,66 @@ def test_a_refused_resume_over_http_names_the_requests_fields(world):
     assert 'alias "live" (this request: null)' in msg and 'index "hnsw" (this request: null)' in msg, msg
     assert "--" not in msg.split(" was started with other options: ", 1)[1], msg  # no CLI flag, no CLI command
     assert "GET /v1/migrations" in msg, msg
+
+
+def test_the_registry_url_is_recorded_without_its_password_and_the_status_says_how_to_give_it(world):
+    """A run on a registry with a password in its URL: the checkpoint records the URL as the project shows URLs
+    (``user:***@host``), never the password, the resume command gives it to ``--registry-url``, and the status
+    says the password is to be given (PGPASSWORD, or VECBRIDGE_REGISTRY_URL)."""
+    ck = world["tmp"] / "pw.json"
+    with pytest.raises(MigrationInterrupted):
+        _migrate(world, ck, stop=True, registry_url="postgresql://alice:s3cr%40t@db.example:5432/vb")
+    assert "s3cr" not in ck.read_text()
+    st = checkpoint_status(ck)
+    argv = shlex.split(st["resume"])
+    assert argv[argv.index("--registry-url") + 1] == "postgresql://alice:***@db.example:5432/vb", argv
+    assert argv.index("--registry-url") < argv.index("migrate"), argv  # a group option
+    assert "PGPASSWORD" in st["resume_note"] and "VECBRIDGE_REGISTRY_URL" in st["resume_note"], st
+    plain = world["tmp"] / "plain.json"
+    with pytest.raises(MigrationInterrupted):
+        _migrate(world, plain, stop=True, target="dst2")
+    st = checkpoint_status(plain)
+    assert "--registry-url" not in st["resume"] and st["resume_note"] is None, st
+
+
+_CLI = [sys.executable, "-m", "service.cli"]
+
+
+def test_the_printed_resume_command_of_a_run_on_another_registry_resumes_it_there(world, tmp_path, monkeypatch,
+                                                                                    capsys):
+    """A ``vecbridge --registry-url sqlite:///data/other.sqlite migrate ...`` stopped by SIGTERM: ``--status``
+    printed a resume command without ``--registry-url``; run as shown it looked for the map in the data dir's
+    default registry (none there: refused). The command names the run's registry (its path made absolute) and, run
+    as printed from another directory, finishes the migration."""
+    from service.cli import main
+
+    world["registry"].close()
+    data = world["data"]
+    other = data / "other.sqlite"
+    (data / "registry.sqlite").rename(other)
+    reg = f"sqlite:///{other.resolve()}"
+    common = ["migrate", "--store", world["url"], "--source", "src", "--target", "dst", "--map", "a2b"]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    child = subprocess.Popen([*_CLI, "--data-dir", "data", "--registry-url", "sqlite:///data/other.sqlite", *common,
+                              "--batch-size", "20", "--pause", "1.0", "--json"], cwd=world["tmp"], env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert "done" in json.loads(child.stdout.readline() or "{}")  # a batch is written and checkpointed
+        child.send_signal(signal.SIGTERM)  # stops after the batch in flight
+        _, err = child.communicate(timeout=60)
+    finally:
+        child.kill()
+    assert child.returncode == 143, err
+    capsys.readouterr()
+    assert main(["--data-dir", str(data), "--registry-url", reg, *common, "--status"]) == 0
+    line = capsys.readouterr().out.strip()
+    assert "not finished, stopped" in line and "; resume: " in line, line
+    argv = shlex.split(line.split("; resume: ", 1)[1].replace("--store STORE", "--store " + shlex.quote(world["url"])))
+    assert argv[argv.index("--registry-url") + 1] == reg, argv  # the relative path made absolute
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    rc = main([*argv[1:], "--json"])
+    out = capsys.readouterr()
+    assert rc == 0, out.err
+    rep = json.loads(out.out.strip().splitlines()[-1])
+    assert rep["rows"] == N and rep["resumed_from"] is not None, rep
