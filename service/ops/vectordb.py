@@ -279,15 +279,16 @@ def stopped_by(exc: MigrationInterrupted) -> tuple[str, int]:
 
 def checkpoint_status(checkpoint) -> dict:
     """What a checkpoint says (a file's path, or a :class:`~service.vectordb.Checkpoint`: a ``PgCheckpoint``, whose
-    run is judged by its advisory lock from any host): rows done of total, last id, finished, ``state`` (running, stopped,
-    interrupted or finished), the rate of the last run (its rows over its own time, not the time between runs) and,
-    while it runs, the ETA at that rate (None once stopped: nothing is moving). ``holder``: the process the run
-    records as writing it (pid, host, start time); a run that recorded no stop but is gone (kill -9, an OOM kill:
-    the lock it held is free, :func:`_judged`) is ``interrupted``, ``why`` saying so ("process N is gone"; it read
-    "running" for ever), and ``resume`` is the command that resumes it with the options the run recorded (None once
-    finished, or of a checkpoint no command resumes), ``resume_note`` what that command cannot say itself. The keep set it was given (``migrate --keep-ids``, ``keep``), which a resume must give again:
-    ``keep_rows`` (0: none), ``kept`` (rows written with their own vectors so far; None without a set) and
-    ``keep_digest`` (its first 12 hex digits, as a refused resume names it; None without a set)."""
+    run is judged by its advisory lock from any host): rows done of total, last id, finished, ``state`` (running,
+    stopped, interrupted or finished), the rate of the last run (its rows over its own time, not the time between
+    runs) and, while it runs, the ETA at that rate (None once stopped: nothing is moving). ``holder``: the process
+    the run records as writing it (pid, host, start time); a run that recorded no stop but is gone (kill -9, an OOM
+    kill: the lock it held is free, :func:`_judged`) is ``interrupted``, ``why`` saying so ("process N is gone"; it
+    read "running" for ever), and ``resume`` is the command that resumes it with the options the run recorded (None
+    once finished, or of a checkpoint no command resumes), ``resume_note`` what that command cannot say itself. The
+    keep set it was given (``migrate --keep-ids``, ``keep``), which a resume must give again: ``keep_rows`` (0:
+    none), ``kept`` (rows written with their own vectors so far; None without a set) and ``keep_digest`` (its first
+    12 hex digits, as a refused resume names it; None without a set)."""
     ckpt = checkpoint if isinstance(checkpoint, Checkpoint) else FileCheckpoint(checkpoint)
     file = isinstance(ckpt, FileCheckpoint)
     where = ckpt.path if file else f"{getattr(ckpt, 'key', '?')} in {getattr(ckpt, 'table', 'its table')}"
