@@ -12,6 +12,8 @@ lets the same request, or ``vecbridge migrate``, resume it.
 
 from __future__ import annotations
 
+import shlex
+
 from fastapi import APIRouter
 
 from align.exceptions import InputError
@@ -102,7 +104,20 @@ def _keep(obj: dict, opts, dim: int) -> tuple:
 
 list_route(router, "/migrations", name="list_migrations", response_model=MigrationList,
            summary="Migrations recorded in this data dir (their checkpoints: CLI and HTTP runs)",
-           load=lambda state: list_checkpoints(state.settings.data_dir))
+           load=lambda state: [_for_clients(m) for m in list_checkpoints(state.settings.data_dir)])
+
+
+def _for_clients(status: dict) -> dict:
+    """A migration's status as an HTTP client sees it: a registry URL other than a SQLite file's (host, port, user)
+    in its resume command is ``REGISTRY``, as 503 bodies and /readyz hide the registry's endpoints; the note says
+    what to give there."""
+    argv = shlex.split(status["resume"]) if status.get("resume") else []
+    if "--registry-url" not in argv or argv[argv.index("--registry-url") + 1].startswith("sqlite:"):
+        return status
+    argv[argv.index("--registry-url") + 1] = "REGISTRY"
+    note = ("REGISTRY: the service's registry URL (its VECBRIDGE_REGISTRY_URL), which the service does not show to "
+            "clients")
+    return {**status, "resume": shlex.join(argv), "resume_note": note}
 
 VERIFY_DOC = """Queue a check of a migrated collection in the service's vector database (`vecbridge verify`); the
 answer (202) carries the job id. `encoder`: re-embed a sample of the stored texts with that installed encoder

@@ -114,6 +114,34 @@ def test_the_registry_url_is_recorded_without_its_password_and_the_status_says_h
     assert "--registry-url" not in st["resume"] and st["resume_note"] is None, st
 
 
+def test_the_http_listing_shows_no_registry_endpoint_in_the_resume_command(world):
+    """GET /v1/migrations gave any client with a read key the registry's host, port and user inside the resume
+    command (503 bodies and /readyz hide them): there the URL is ``REGISTRY`` and the note says what that is; a SQLite
+    file's URL, and the CLI's status, stay as they were."""
+    from fastapi.testclient import TestClient
+
+    from service.api.app import create_app
+
+    secret = "postgresql://alice:s3cr%40t@db.example:5432/vb"
+    with pytest.raises(MigrationInterrupted):
+        _migrate(world, default_checkpoint(world["data"], "src", "dst"), stop=True, registry_url=secret)
+    lite = f"sqlite:///{(world['data'] / 'registry.sqlite').resolve()}"
+    with pytest.raises(MigrationInterrupted):
+        _migrate(world, default_checkpoint(world["data"], "src", "dst2"), stop=True, target="dst2", registry_url=lite)
+    with TestClient(create_app(settings_for(world["tmp"], vectordb_url=world["url"]))) as c:
+        r = c.get("/v1/migrations", headers=W)
+    assert r.status_code == 200, r.text
+    by_name = {m["name"]: m for m in r.json()["data"]}
+    pg, lite_seen = by_name["src-to-dst"], by_name["src-to-dst2"]
+    argv = shlex.split(pg["resume"])
+    assert argv[argv.index("--registry-url") + 1] == "REGISTRY" and "db.example" not in r.text, pg
+    assert "alice" not in r.text and "REGISTRY" in pg["resume_note"], pg
+    argv = shlex.split(lite_seen["resume"])
+    assert argv[argv.index("--registry-url") + 1] == lite and lite_seen["resume_note"] is None, lite_seen
+    st = checkpoint_status(default_checkpoint(world["data"], "src", "dst"))  # the CLI's --status: the URL, no password
+    assert "alice:***@db.example" in st["resume"], st
+
+
 _CLI = [sys.executable, "-m", "service.cli"]
 
 
