@@ -34,6 +34,7 @@ from ..progress import Progress, silent
 from ..registry import ConflictError, InvalidNameError, NotFoundError
 from ..registry.names import MAX_NAME, check_alias, check_name
 from ..registry.quality import heldout_doubt, reliable
+from ..registry.retry import until_registered
 from ..spaces import MEAN_CHECK_MIN_ROWS, check_rows, space_references
 from .transform import first_rows, rows_through
 
@@ -281,14 +282,42 @@ def fit_and_register(registry, *, name: str, space: str, X: np.ndarray, labels, 
         raise PairCountError(f"{len(items)} items for {X.shape[0]} rows")
     p = check_steer_params(params, random_state)
     steer = fit_steer_job(X, labels, params, progress, space=space, random_state=random_state)
-    (progress or silent)("register", 1.0)
+    say = progress or silent
+    say("register", 1.0)
     verdict = fit_verdict(steer.metadata)
-    return registry.register_steer(
-        name, steer, space=space, params=p, random_state=p["random_state"],
-        data_hashes={"X": _sha(X.astype(np.float32)), "labels": _sha(labels.astype(np.int64)), "n": int(X.shape[0])},
-        metrics={**{k: v for k, v in steer.metadata.items() if k in _METRICS}, **verdict},
-        alias=_held_back(alias, verdict), description=description, inputs=inputs or {},
-        lens=steer_lens(steer, X, items, k=lens_k), encoder=encoder)
+    hashes = {"X": _sha(X.astype(np.float32)), "labels": _sha(labels.astype(np.int64)), "n": int(X.shape[0])}
+    lens = steer_lens(steer, X, items, k=lens_k)
+    seen = {"latest": 0}  # the newest version of ``name`` before the last try (a version after it may be this fit's)
+
+    def register():
+        seen["latest"] = _latest_version(registry, name)
+        return registry.register_steer(
+            name, steer, space=space, params=p, random_state=p["random_state"], data_hashes=hashes,
+            metrics={**{k: v for k, v in steer.metadata.items() if k in _METRICS}, **verdict},
+            alias=_held_back(alias, verdict), description=description, inputs=inputs or {}, lens=lens,
+            encoder=encoder)
+
+    def found():  # this fit's version, if a try that failed was committed: a newer one of the same rows and labels
+        mine = [v for v in _versions(registry, name) if v.version > seen["latest"] and v.data_hashes == hashes
+                and v.description == (description or "")]
+        return mine[-1] if mine else None
+
+    # the registry away for a moment (a PostgreSQL restart) failed the fit and threw the steer away: a map fit
+    # waited for it (service.registry.retry); the same waits, look-ups and Idempotency-Key rule now
+    return until_registered(register, say, what=f"steer {name!r}", found=found)
+
+
+def _versions(registry, name: str) -> list:
+    """Every version of steer ``name`` (none for a name not registered yet)."""
+    try:
+        return registry.list_steer_versions(name)
+    except NotFoundError:
+        return []
+
+
+def _latest_version(registry, name: str) -> int:
+    """The newest version number of steer ``name``, deleted ones included (0: none yet)."""
+    return max((v.version for v in _versions(registry, name)), default=0)
 
 
 def embed_and_register(registry, load_encoder: Callable, *, space: str, X: np.ndarray | None = None,

@@ -2,9 +2,10 @@
 the SQLite file).
 
 A fit that took minutes failed with RegistryUnavailableError when the registry was unreachable for the few seconds its
-registration took, and the fitted map was thrown away. :func:`until_registered` retries the registration while the
-error is one a retry can help (:func:`service.errors.retry_after_of`: not a wrong password, a missing grant, a damaged
-file), waiting :data:`REGISTER_WAITS` between tries, reporting the stage :data:`WAITING` meanwhile.
+registration took, and the fitted map (or steer: both register through here) was thrown away.
+:func:`until_registered` retries the registration while the error is one a retry can help
+(:func:`service.errors.retry_after_of`: not a wrong password, a missing grant, a damaged file), waiting
+:data:`REGISTER_WAITS` between tries, reporting the stage :data:`WAITING` meanwhile.
 
 How long a fit may wait: the waits sum to 45 s, but each try (7) and the last look-up may first block for as long
 as the registry takes to give up: SQLite's busy timeout (60 s by default), PostgreSQL's connect timeout (10 s, a

@@ -19,6 +19,7 @@ from _jobs_support import wait_job
 from align.exceptions import Cancelled
 from service.jobs import JobManager, JobStore
 from service.ops.maps import run_fit
+from service.ops.steers import fit_and_register
 from service.registry import (
     RegistryLockedError,
     RegistryUnavailableError,
@@ -406,3 +407,98 @@ def test_the_seconds_waited_for_the_registry_count_its_connect_timeouts(reg, tmp
     said = re.search(r"map 'a2b' waited ([0-9.]+) s for the registry, 2 tries", failed.error["message"])
     assert said is not None and len(tries) == 2, failed.error["message"]
     assert float(said.group(1)) + 0.05 >= sum(tries), (said.group(0), tries)  # shown to 0.1 s
+
+
+# --- steer fits: the same register step (service.registry.retry.until_registered) ------------------------------
+def _steer_rows(n=300, d=8, seed=0):
+    """Rows and labels of a small local steer (+1 / -1 at the ends of the first axis, 0 between)."""
+    rng = np.random.default_rng(seed)
+    X = rng.normal(size=(n, d))
+    y = np.where(X[:, 0] > 1, 1, np.where(X[:, 0] < -1, -1, 0))
+    return (X / np.linalg.norm(X, axis=1, keepdims=True)).astype(np.float32), y
+
+
+def _steer_fit(reg, progress, name="tone"):
+    """fit_and_register of a small steer on a thread of its own (its registry connection waits 0.2 s when locked)."""
+    X, y = _steer_rows()
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(fit_and_register, reg, name=name, space="toy", X=X, labels=y,
+                           progress=progress).result(timeout=120)
+
+
+def test_a_steer_fit_whose_registry_is_unavailable_at_register_waits_and_registers(reg, tmp_path):
+    """A steer fit failed with RegistryLockedError when the registry was locked at its register step (a map fit
+    waited for it): the fitted steer was thrown away. Now it waits as a map fit does, and registers once back."""
+    holder = _Holder(tmp_path / "reg.sqlite")
+    seen = []
+
+    def progress(stage, fraction):
+        seen.append(stage)
+        if stage == "register" and not holder.held:
+            holder.take()
+        elif stage == WAITING:
+            holder.free()
+
+    try:
+        v = _steer_fit(reg, progress)
+    finally:
+        holder.free()
+    assert WAITING in seen and seen.index(WAITING) > seen.index("register")
+    assert [x.version for x in reg.list_steer_versions("tone")] == [v.version] == [1]  # registered once
+    assert reg.load_steer(v).dim == 8
+
+
+def test_a_steer_job_committed_before_its_answer_was_lost_succeeds_with_that_version(reg, tmp_path, monkeypatch):
+    """The steer's commit went through and only its answer was lost: the job failed (keeping its key, as the
+    version might exist), though the steer was registered. One look before the error finds it: the job succeeds
+    with it, registered once; an earlier version of the same rows and labels is not taken for it."""
+    X, y = _steer_rows()
+    assert fit_and_register(reg, name="tone", space="toy", X=X, labels=y).version == 1  # the same data, fitted before
+    monkeypatch.setattr("service.registry.retry.REGISTER_WAITS", ())  # no retry: only the look before the error
+    _commit_then(monkeypatch, _lost_answer)
+
+    def fit(ctx):
+        return {"ref": fit_and_register(reg, name="tone", space="toy", X=X, labels=y, progress=ctx.progress).ref}
+
+    mgr = JobManager(workers=1, max_queued=4, store=JobStore(tmp_path / "jobs.sqlite"))
+    mgr.open()
+    try:
+        job, _ = mgr.submit(fit, kind="steer-fit", idempotency_key="steer-7", request_hash="h")
+        done = wait_job(mgr.get, job.id)
+        assert done.state == "succeeded", done.error
+        assert done.result == {"ref": "tone:2"}
+        assert [v.version for v in reg.list_steer_versions("tone")] == [1, 2]  # registered once more, not twice
+    finally:
+        mgr.shutdown(wait=True)
+
+
+def test_a_steer_job_locked_out_after_its_commit_keeps_its_idempotency_key(reg, tmp_path, monkeypatch):
+    """Committed, then the registry locked past every try and the last look-up: the steer may exist, so the job keeps
+    its key (as a map fit's) and says where to look; its waits were reported as a map fit's are."""
+    monkeypatch.setattr("service.registry.retry.REGISTER_WAITS", (0.01, 0.01))
+    holder = _Holder(tmp_path / "reg.sqlite")
+    _commit_then(monkeypatch, holder.take)
+    X, y = _steer_rows()
+    stages = []
+
+    def fit(ctx):
+        def progress(stage, fraction):
+            stages.append(stage)
+            ctx.progress(stage, fraction)
+
+        return {"ref": fit_and_register(reg, name="tone", space="toy", X=X, labels=y, progress=progress).ref}
+
+    mgr = JobManager(workers=1, max_queued=4, store=JobStore(tmp_path / "jobs.sqlite"))
+    mgr.open()
+    try:
+        first, failed = _first_try(mgr, fit, holder)
+        assert failed.state == "failed" and failed.error["type"] == "RegistryLockedError", failed.error
+        assert "Idempotency-Key is kept" in failed.error["message"] and "/v1/steers/NAME/versions" in \
+            failed.error["message"]
+        assert WAITING in stages
+        again, created = mgr.submit(fit, kind="fit", idempotency_key="deploy-42", request_hash="h")
+        assert not created and again.id == first.id
+        assert [v.version for v in reg.list_steer_versions("tone")] == [1]  # registered once
+    finally:
+        holder.free()
+        mgr.shutdown(wait=True)
