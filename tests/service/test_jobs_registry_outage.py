@@ -61,9 +61,9 @@ class _Holder:
             self.held = False
 
 
-def test_a_fit_whose_registry_is_unavailable_at_register_waits_and_registers(reg, tmp_path):
-    """The registry locked when the fit reaches its register step: RegistryUnavailableError threw the fitted map away.
-    Now the step reports it waits for the registry, tries again, and the map is registered once it is back."""
+def _away_at_register(fit, tmp_path):
+    """``fit(progress)`` with the registry locked once the fit reaches its register step, and back while the fit waits
+    for it: (what ``fit`` returned, the stages it reported)."""
     holder = _Holder(tmp_path / "reg.sqlite")
     seen = []
 
@@ -75,9 +75,15 @@ def test_a_fit_whose_registry_is_unavailable_at_register_waits_and_registers(reg
         seen.append(stage)
 
     try:
-        v = _fit(reg, progress)
+        return fit(progress), seen
     finally:
         holder.free()
+
+
+def test_a_fit_whose_registry_is_unavailable_at_register_waits_and_registers(reg, tmp_path):
+    """The registry locked when the fit reaches its register step: RegistryUnavailableError threw the fitted map away.
+    Now the step reports it waits for the registry, tries again, and the map is registered once it is back."""
+    v, seen = _away_at_register(lambda progress: _fit(reg, progress), tmp_path)
     assert WAITING in seen and seen.index(WAITING) > seen.index("register")
     assert seen[-1] == "register"  # back from waiting once registered
     assert [x.version for x in reg.list_versions("a2b")] == [v.version] == [1]  # registered once
@@ -429,20 +435,7 @@ def _steer_fit(reg, progress, name="tone"):
 def test_a_steer_fit_whose_registry_is_unavailable_at_register_waits_and_registers(reg, tmp_path):
     """A steer fit failed with RegistryLockedError when the registry was locked at its register step (a map fit
     waited for it): the fitted steer was thrown away. Now it waits as a map fit does, and registers once back."""
-    holder = _Holder(tmp_path / "reg.sqlite")
-    seen = []
-
-    def progress(stage, fraction):
-        seen.append(stage)
-        if stage == "register" and not holder.held:
-            holder.take()
-        elif stage == WAITING:
-            holder.free()
-
-    try:
-        v = _steer_fit(reg, progress)
-    finally:
-        holder.free()
+    v, seen = _away_at_register(lambda progress: _steer_fit(reg, progress), tmp_path)
     assert WAITING in seen and seen.index(WAITING) > seen.index("register")
     assert [x.version for x in reg.list_steer_versions("tone")] == [v.version] == [1]  # registered once
     assert reg.load_steer(v).dim == 8
