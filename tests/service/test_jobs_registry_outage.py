@@ -174,31 +174,43 @@ def _lost_answer():
     raise RegistryUnavailableError("lost the connection to the PostgreSQL registry (test)")
 
 
-def test_a_job_whose_registration_may_have_been_committed_keeps_its_idempotency_key(reg, tmp_path, monkeypatch):
+@pytest.mark.parametrize("kind", ["map", "steer"])
+def test_a_job_whose_registration_may_have_been_committed_keeps_its_idempotency_key(reg, tmp_path, monkeypatch, kind):
     """A fit committed, the registry then stayed locked past every try: the job failed saying its Idempotency-Key was
     free again, and the same key started a job that registered the map a second time. Now the key is kept (no
-    look-up could tell whether the version exists) and the error says how to proceed; a resubmission is that job."""
+    look-up could tell whether the version exists) and the error says how to proceed; a resubmission is that job.
+    A steer fit the same: it did not wait for the registry at all (it registers through the same step now)."""
     monkeypatch.setattr("service.registry.retry.REGISTER_WAITS", (0.01, 0.01))
     holder = _Holder(tmp_path / "reg.sqlite")
     _commit_then(monkeypatch, holder.take)
     X, Y, _ = planted(200)
+    S, y = _steer_rows()
+    stages = []
 
     def fit(ctx):
+        def progress(stage, fraction):
+            stages.append(stage)
+            ctx.progress(stage, fraction)
+
+        if kind == "steer":
+            return {"ref": fit_and_register(reg, name="a2b", space="toy", X=S, labels=y, progress=progress).ref}
         v = run_fit(reg, name="a2b", source=X, target=Y, method="procrustes", paired=True, source_space="a",
-                    target_space="b", progress=ctx.progress, should_cancel=ctx.should_cancel)
+                    target_space="b", progress=progress, should_cancel=ctx.should_cancel)
         return {"ref": v.ref}
 
     mgr = JobManager(workers=1, max_queued=4, store=JobStore(tmp_path / "jobs.sqlite"))
     mgr.open()
     try:
         first, failed = _first_try(mgr, fit, holder)
-        assert failed.state == "failed" and failed.error["type"] == "RegistryLockedError"
+        assert failed.state == "failed" and failed.error["type"] == "RegistryLockedError", failed.error
         assert "free again" not in failed.error["message"]
         message = failed.error["message"]
-        assert "Idempotency-Key is kept" in message and "/v1/maps/NAME/versions" in message
+        assert "Idempotency-Key is kept" in message and f"/v1/{kind}s/NAME/versions" in message
+        assert WAITING in stages  # it waited for the registry before giving up
         again, created = mgr.submit(fit, kind="fit", idempotency_key="deploy-42", request_hash="h")
         assert not created and again.id == first.id
-        assert [v.version for v in reg.list_versions("a2b")] == [1]  # registered once
+        versions = reg.list_steer_versions if kind == "steer" else reg.list_versions
+        assert [v.version for v in versions("a2b")] == [1]  # registered once
     finally:
         holder.free()
         mgr.shutdown(wait=True)
@@ -462,36 +474,4 @@ def test_a_steer_job_committed_before_its_answer_was_lost_succeeds_with_that_ver
         assert done.result == {"ref": "tone:2"}
         assert [v.version for v in reg.list_steer_versions("tone")] == [1, 2]  # registered once more, not twice
     finally:
-        mgr.shutdown(wait=True)
-
-
-def test_a_steer_job_locked_out_after_its_commit_keeps_its_idempotency_key(reg, tmp_path, monkeypatch):
-    """Committed, then the registry locked past every try and the last look-up: the steer may exist, so the job keeps
-    its key (as a map fit's) and says where to look; its waits were reported as a map fit's are."""
-    monkeypatch.setattr("service.registry.retry.REGISTER_WAITS", (0.01, 0.01))
-    holder = _Holder(tmp_path / "reg.sqlite")
-    _commit_then(monkeypatch, holder.take)
-    X, y = _steer_rows()
-    stages = []
-
-    def fit(ctx):
-        def progress(stage, fraction):
-            stages.append(stage)
-            ctx.progress(stage, fraction)
-
-        return {"ref": fit_and_register(reg, name="tone", space="toy", X=X, labels=y, progress=progress).ref}
-
-    mgr = JobManager(workers=1, max_queued=4, store=JobStore(tmp_path / "jobs.sqlite"))
-    mgr.open()
-    try:
-        first, failed = _first_try(mgr, fit, holder)
-        assert failed.state == "failed" and failed.error["type"] == "RegistryLockedError", failed.error
-        assert "Idempotency-Key is kept" in failed.error["message"] and "/v1/steers/NAME/versions" in \
-            failed.error["message"]
-        assert WAITING in stages
-        again, created = mgr.submit(fit, kind="fit", idempotency_key="deploy-42", request_hash="h")
-        assert not created and again.id == first.id
-        assert [v.version for v in reg.list_steer_versions("tone")] == [1]  # registered once
-    finally:
-        holder.free()
         mgr.shutdown(wait=True)
