@@ -247,12 +247,16 @@ def progress_bar(*, quiet: bool, as_json: bool):
     return progress, close
 
 
-def versions_summary(s: dict) -> str:
-    """``latest N  versions LIVE/ALL[  aliases A->V ...]`` of a registry summary (``list_maps``, ``list_steers``)."""
+def versions_summary(s: dict, resolved: str) -> str:
+    """``latest N  versions LIVE/ALL[  aliases A->V ...]  RESOLVED N[  UNRELIABLE a,b]`` of a registry summary
+    (``list_maps``: ``resolved`` "path", its ``path_version``; ``list_steers``: "bare", its ``bare_version``) and
+    its live versions flagged unreliable (`steer list` said neither: a flagged refit looked like any other)."""
     gone = set(s.get("aliases_on_deleted", ()))  # an alias left on a deleted version no longer resolves: say so
     al = " ".join(f"{k}->{v}{'(deleted)' if k in gone else ''}" for k, v in s["aliases"].items())
+    bad = ",".join(str(x) for x in s.get("unreliable_versions") or [])
     return (f"latest {s['latest_version'] or '-'}  versions {s['n_live_versions']}/{s['n_versions']}"
-            f"{'  aliases ' + al if al else ''}")
+            f"{'  aliases ' + al if al else ''}  {resolved} {s.get(resolved + '_version') or '-'}"
+            f"{'  UNRELIABLE ' + bad if bad else ''}")
 
 
 def emit_summaries(items: list[dict], as_json: bool, *, key: str, versions, line, extra: dict | None = None) -> None:

@@ -43,9 +43,8 @@ def registry_list(obj: Ctx, as_json):
     reg = obj.registry
 
     def line(m):
-        bad = ",".join(str(x) for x in m.get("unreliable_versions") or [])
         return (f"{m['name']}  {m['source_space']}({m['source_dim']}) -> {m['target_space']}({m['target_dim']})  "
-                f"{versions_summary(m)}  path {m.get('path_version') or '-'}{'  UNRELIABLE ' + bad if bad else ''}")
+                f"{versions_summary(m, 'path')}")
 
     emit_summaries(reg.list_maps(), as_json, key="maps", versions=reg.list_versions, line=line,
                    extra={"spaces": [s.to_dict() for s in reg.list_spaces()]} if as_json else None)

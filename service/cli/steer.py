@@ -68,10 +68,11 @@ def steer():
 @click.option("--json", "as_json", is_flag=True, help="Every steer with every version.")
 @click.pass_obj
 def steer_list(obj: Ctx, as_json):
-    """Every steer: space, latest version, live/all versions, aliases (GET /v1/steers)."""
+    """Every steer: space, latest version, live/all versions, aliases, the version a bare name means, unreliable
+    ones (GET /v1/steers)."""
     reg = obj.registry
     emit_summaries(reg.list_steers(), as_json, key="steers", versions=reg.list_steer_versions,
-                   line=lambda s: f"{s['name']}  {s['space']}({s['dim']})  {versions_summary(s)}")
+                   line=lambda s: f"{s['name']}  {s['space']}({s['dim']})  {versions_summary(s, 'bare')}")
 
 
 @steer.command("show")

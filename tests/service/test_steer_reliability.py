@@ -108,6 +108,9 @@ def test_a_flagged_fit_says_where_its_alias_is_with_or_without_allow_unreliable(
     assert err.startswith("vecbridge: warning: steer mood:4 is flagged unreliable (") and (
         "alias 'prod' not moved to it (move it by hand: `vecbridge steer alias mood prod 4`)" in err), err
     assert json.loads(cli(capsys, world, "steer", "show", "mood@prod", "--json")[1])["version"] == 1
+    code, out, _ = cli(capsys, world, "steer", "list")  # said nothing of the flag, nor what a bare name means
+    mood = next(line for line in out.splitlines() if line.startswith("mood "))
+    assert code == 0 and mood.endswith("aliases prod->1  bare 1  UNRELIABLE 2,3,4"), out  # as `registry list`
     code, out, err = cli(capsys, world, "steer", "apply", "--steer", "mood", tmp / "mi_small.npy",
                          tmp / "mood.npy", "--rows", "0:10", "--json")
     assert code == 0 and json.loads(out)["steer"] == "mood:1", (out, err)

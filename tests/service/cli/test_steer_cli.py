@@ -180,7 +180,8 @@ def test_list_show_and_delete_as_over_http(fitted, tmp_path):
     assert [(s["name"], s["space"], s["dim"], s["latest_version"], s["aliases"]) for s in listed] == [
         ("s", "toy", X.shape[1], 2, {"prod": 1})]
     assert [v["version"] for v in listed[0]["versions"]] == [1, 2]
-    assert vb(*var, "steer", "list").stdout == f"s  toy({X.shape[1]})  latest 2  versions 2/2  aliases prod->1\n"
+    assert vb(*var, "steer", "list").stdout == (f"s  toy({X.shape[1]})  latest 2  versions 2/2  aliases prod->1  "
+                                                 "bare 1\n")
     assert json.loads(vb(*var, "steer", "show", "s", "--json").stdout)["version"] == 1  # the prod alias
     assert "method           mean-shift" in vb(*var, "steer", "show", "s:2").stdout
     assert vb(*var, "steer", "delete", "s", 2).stdout == "deleted steer s:2\n"
@@ -191,7 +192,7 @@ def test_list_show_and_delete_as_over_http(fitted, tmp_path):
     p = vb(*var, "steer", "delete", "s", 1)  # prod's version: said, and what a bare `s` means now (nothing)
     assert "alias(es) prod still point at steer s:1" in p.stderr and "'s' has no live version left" in p.stderr
     assert vb(*var, "steer", "list").stdout == (f"s  toy({X.shape[1]})  latest -  versions 0/2  aliases "
-                                                 "prod->1(deleted)\n")  # it no longer resolves: said
+                                                 "prod->1(deleted)  bare -\n")  # it no longer resolves: said
 
 
 def test_deleting_the_prod_version_says_what_the_bare_name_means_now(tmp_path, fitted):
