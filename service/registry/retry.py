@@ -90,7 +90,8 @@ def until_registered(register: Callable[[], T], progress: Callable[[str, float],
 
     A sleep between tries wakes at once on the job's cancel (:func:`service.progress.pause`), and a cancel is looked
     for once more after it, before the next try (a try may block for a whole registry timeout): the Cancelled says
-    what was not registered and how long the registry was away. The seconds reported (that error, the last error
+    what was not registered (or may have been: a try failed at or after its commit and ``found()`` cannot answer)
+    and how long the registry was away. The seconds reported (that error, the last error
     after several tries, the log) run from the first try's start: the tries' own timeouts count. Once a try that
     followed a wait succeeds, the stage goes back to ``stage`` (it stayed "waiting" to the job's end)."""
     waits = REGISTER_WAITS if waits is None else waits
@@ -128,12 +129,19 @@ def until_registered(register: Callable[[], T], progress: Callable[[str, float],
                         raise Cancelled("cancelled")
                 progress(WAITING, min(1.0, (spent + wait) / total))  # a cancel in the last sleep: not after a try
             except Exception as stop:  # a cancel, a shutdown: not when the version was committed (the fit has happened)
-                if (done := _look(found)[0]) is not None:
+                done, answered = _look(found)
+                if done is not None:
                     return _back(done, progress, stage)
                 if isinstance(stop, Cancelled):
-                    raise Cancelled(f"cancelled while waiting for the registry: {what} was not registered (the "
-                                    f"registry unavailable for {time.monotonic() - started:.1f} s, {attempt} "
-                                    f"{'try' if attempt == 1 else 'tries'}: {exc})") from None
+                    away = (f"the registry unavailable for {time.monotonic() - started:.1f} s, {attempt} "
+                            f"{'try' if attempt == 1 else 'tries'}: {exc}")
+                    if maybe and not answered:  # a try reached its commit and the registry cannot say: it may exist
+                        raise Cancelled(f"cancelled while waiting for the registry: {what} may have been registered "
+                                        f"({away}); once the registry is back, look for it (GET /v1/maps/NAME/versions"
+                                        " or /v1/steers/NAME/versions, `vecbridge registry list` or `steer list`) "
+                                        "before fitting it again") from None
+                    raise Cancelled(f"cancelled while waiting for the registry: {what} was not registered "
+                                    f"({away})") from None
                 raise
             spent += wait
     raise AssertionError("unreachable")  # the last try returns or raises

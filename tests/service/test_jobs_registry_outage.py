@@ -475,3 +475,39 @@ def test_a_steer_job_committed_before_its_answer_was_lost_succeeds_with_that_ver
         assert [v.version for v in reg.list_steer_versions("tone")] == [1, 2]  # registered once more, not twice
     finally:
         mgr.shutdown(wait=True)
+
+
+@pytest.mark.parametrize("lost_at_commit", [True, False])
+def test_a_cancel_while_the_registry_cannot_say_whether_a_try_committed_says_it_may_be_registered(lost_at_commit):
+    """A try whose answer was lost at its commit, then a cancel during the wait while the registry is still away: the
+    error said "was not registered" although it may have been, and a client trusting it fitted again with a new key
+    (a duplicate version). It says the map may have been registered and where to look; a try refused before its
+    commit (nothing written) still says it was not registered."""
+    from service.progress import run_waking
+    from service.registry.retry import until_registered
+
+    tries = []
+
+    def register():
+        tries.append(1)
+        exc = RegistryUnavailableError("server closed the connection unexpectedly (test)")
+        exc.vecbridge_maybe_committed = lost_at_commit  # the registration's own mark: failed at or after its commit
+        raise exc
+
+    def found():
+        raise RegistryUnavailableError("still away (test)")  # the look-up cannot answer
+
+    wake = threading.Event()
+    timer = threading.Timer(0.2, wake.set)  # the job's cancel, during the wait
+    timer.start()
+    with pytest.raises(Cancelled) as err:
+        run_waking(wake, lambda: until_registered(register, lambda stage, f: None, what="map 'a2b'", found=found,
+                                                  waits=(30.0,)))
+    timer.cancel()
+    message = str(err.value)
+    assert tries == [1] and "cancelled while waiting for the registry" in message, message
+    if lost_at_commit:
+        assert "may have been registered" in message and "/v1/maps/NAME/versions" in message, message
+        assert "was not registered" not in message
+    else:
+        assert "map 'a2b' was not registered" in message, message
