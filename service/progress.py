@@ -2,7 +2,7 @@
 
 ``stage`` names the step in plain words (``"fit"``, ``"fit: icp"``, ``"encode source"``);
 ``fraction`` in [0, 1] is how far that step has got. Every long operation of the service takes a
-:data:`Progress`: a job's :meth:`service.jobs.JobContext.progress` is one (it records the stage
+:data:`Progress`: a job's :meth:`service.job_context.JobContext.progress` is one (it records the stage
 and raises :class:`align.exceptions.Cancelled` when the job is cancelled), the CLI's progress bar
 is one, and :meth:`align.MiniVec2Vec.fit` takes one (align's inner kernels report a bare
 ``progress(fraction)``, which MiniVec2Vec names by stage).

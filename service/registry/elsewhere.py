@@ -37,8 +37,9 @@ def artifacts_elsewhere(db, store, tables, sample: int = ARTIFACT_SAMPLE, *, max
     False: a "not the registry's" verdict is not reused (/readyz: a replica not ready gets no traffic, no read of
     an artifact would end it). The newest come from
     ``created_at``, which has no index: the primary keys are (name, version), which order by name, not age, so
-    they cannot stand in; at one query per :data:`VERDICT_S` per process a sort of the versions' rows costs less
-    than an index every write would keep. The folder's path goes to the log only: clients and /readyz (no key
+    they cannot stand in; at one query per :data:`VERDICT_S` per process (per /readyz probe while the verdict is
+    "not the registry's", single-flight) a sort of the versions' rows costs less than an index every write would
+    keep. The warning is logged when the verdict turns to "not the registry's", not at every look while it stands. The folder's path goes to the log only: clients and /readyz (no key
     needed) are told "this data dir's artifact folder"."""
     seen = store.elsewhere_seen
     if (max_age and seen is not None and time.monotonic() - seen[0] < max_age
@@ -56,6 +57,7 @@ def artifacts_elsewhere(db, store, tables, sample: int = ARTIFACT_SAMPLE, *, max
                f"{len(rows)} newest versions' files are not in it): replicas of one registry must share its "
                "artifact folder (VECBRIDGE_ARTIFACT_DIR, default DATA_DIR/artifacts, on storage every replica "
                "mounts); if they do, files were lost: `vecbridge registry verify` lists them")
-        _log.warning("%s (this data dir's artifact folder: %s)", why, store.root)
+        if seen is None or seen[1] is None:  # once when the verdict turns, not at every probe while it stands
+            _log.warning("%s (this data dir's artifact folder: %s)", why, store.root)
     store.elsewhere_seen = (time.monotonic(), why)
     return why

@@ -10,12 +10,12 @@ import zipfile
 
 import numpy as np
 import pytest
+from _servers import damage_page, start_until
+from conftest import logged, run_cli
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import align
-from _servers import damage_page, start_until
-from conftest import run_cli
 from service.registry import (
     AliasMovedError,
     ConflictError,
@@ -28,6 +28,7 @@ from service.registry import (
     open_registry,
     parse_ref,
 )
+
 
 def rotation_map(d_s=8, d_t=8, seed=0, bias=False) -> align.LinearMap:
     rng = np.random.default_rng(seed)
@@ -1261,6 +1262,33 @@ def test_a_replica_reading_another_artifact_folder_is_told_apart_from_a_lost_fil
         with pytest.raises(IntegrityError, match="missing or unreadable") as e:
             a.load_map("a->b:2")
         assert not isinstance(e.value, ArtifactsElsewhereError)
+    finally:
+        a.close()
+        b.close()
+
+
+def test_a_foreign_folder_is_logged_when_the_verdict_turns_not_at_every_look(registry_url, tmp_path):
+    """/readyz looks again at every probe while the folder is not the registry's; each look logged the same warning
+    (a line every few seconds per replica under k8s probes). It is logged once when the verdict turns, and again
+    after the folder was the registry's in between."""
+    import shutil
+
+    from service.registry.entity import VERSION_TABLES, artifacts_elsewhere
+
+    a = open_registry(registry_url, tmp_path / "artifacts")
+    b = open_registry(registry_url, tmp_path / "replica" / "artifacts")
+    try:
+        for seed in range(3):
+            register(a, seed=seed)
+        with logged("vecbridge.registry") as records:
+            for _ in range(4):
+                assert artifacts_elsewhere(b.db, b.store, VERSION_TABLES, keep_foreign=False) is not None
+            shutil.copytree(a.store.root, b.store.root, dirs_exist_ok=True)
+            assert artifacts_elsewhere(b.db, b.store, VERSION_TABLES, keep_foreign=False) is None
+            shutil.rmtree(b.store.root)
+            assert artifacts_elsewhere(b.db, b.store, VERSION_TABLES, keep_foreign=False) is not None
+        said = [r.getMessage() for r in records if "does not hold the registry's artifacts" in r.getMessage()]
+        assert len(said) == 2, said
     finally:
         a.close()
         b.close()
