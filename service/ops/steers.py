@@ -16,6 +16,7 @@ a steer in the map's target space.
 from __future__ import annotations
 
 import hashlib
+import json
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
@@ -289,22 +290,35 @@ def fit_and_register(registry, *, name: str, space: str, X: np.ndarray, labels, 
     lens = steer_lens(steer, X, items, k=lens_k)
     seen = {"latest": 0}  # the newest version of ``name`` before the last try (a version after it may be this fit's)
 
+    metrics = {**{k: v for k, v in steer.metadata.items() if k in _METRICS}, **verdict}
+
     def register():
         seen["latest"] = _latest_version(registry, name)
         return registry.register_steer(
-            name, steer, space=space, params=p, random_state=p["random_state"], data_hashes=hashes,
-            metrics={**{k: v for k, v in steer.metadata.items() if k in _METRICS}, **verdict},
+            name, steer, space=space, params=p, random_state=p["random_state"], data_hashes=hashes, metrics=metrics,
             alias=_held_back(alias, verdict), description=description, inputs=inputs or {}, lens=lens,
             encoder=encoder)
 
-    def found():  # this fit's version, if a try that failed was committed: a newer one of the same rows and labels
-        mine = [v for v in _versions(registry, name) if v.version > seen["latest"] and v.data_hashes == hashes
-                and v.description == (description or "")]
+    # this fit's version, if a try that failed was committed: a newer one of the same rows, labels, options and fit
+    # figures (its losses, iterations). Rows and labels alone took a concurrent fit's of other options (another
+    # job's seed or alias) for this one: its steer never registered, its alias never moved. A version that matches
+    # every one is the same steer of the same request.
+    mine_key = _same_fit(hashes, p, metrics, description)
+
+    def found():
+        mine = [v for v in _versions(registry, name) if v.version > seen["latest"]
+                and _same_fit(v.data_hashes, v.params, v.metrics, v.description) == mine_key]
         return mine[-1] if mine else None
 
     # the registry away for a moment (a PostgreSQL restart) failed the fit and threw the steer away: a map fit
     # waited for it (service.registry.retry); the same waits, look-ups and Idempotency-Key rule now
     return until_registered(register, say, what=f"steer {name!r}", found=found)
+
+
+def _same_fit(hashes: dict, params: dict, metrics: dict, description: str | None) -> str:
+    """What tells one steer fit's registration from another's, as JSON (a NaN loss compares equal to itself)."""
+    return json.dumps([hashes, params, {k: metrics.get(k) for k in (*_METRICS, "reliable", "unreliable_reason")},
+                       description or ""], sort_keys=True, default=str)
 
 
 def _versions(registry, name: str) -> list:
