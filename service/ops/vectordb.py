@@ -21,6 +21,7 @@ query-side migration) through one :class:`SharedStore`; :func:`verify_verdict` i
 from __future__ import annotations
 
 import contextlib
+import inspect
 import shlex
 import signal
 import socket
@@ -216,9 +217,10 @@ def run_migration(*, store_url: str, source: str, target: str, map_ref, checkpoi
         json_fields=not space_option.startswith("--"))
     store = open_store_for(store_url, index=index or "like", id_field=id_field, vector_field=vector_field,
                            text_field=text_field, api_key=api_key, ca_file=ca_file)
-    # what each option left unset means on this store: `--index like` recorded, a resume without --index is no change
-    ckpt.resolve_options(index="like", id_field=store.id_field, vector_field=store.vector_field,
-                         text_field=store.text_field)
+    # what each option left unset means on this engine: `--index like` recorded, a resume without --index is no
+    # change. The engine's defaults, not this store's fields: those are this run's own options where it gave them,
+    # so a field left unset by the first run and given by the resume compared equal, and the change went through
+    ckpt.resolve_options(index="like", **_engine_defaults(store))
 
     def on_batch(p: MigrationProgress) -> None:
         if progress is not None:
@@ -243,6 +245,13 @@ def run_migration(*, store_url: str, source: str, target: str, map_ref, checkpoi
         raise
     finally:
         store.close()
+
+
+def _engine_defaults(store) -> dict:
+    """The field names ``store``'s engine uses when none is given (its constructor's defaults)."""
+    params = inspect.signature(type(store).__init__).parameters
+    return {k: params[k].default if k in params else getattr(type(store), k, None)
+            for k in ("id_field", "vector_field", "text_field")}
 
 
 def _recorded_registry(url: str | None) -> str | None:

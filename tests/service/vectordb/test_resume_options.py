@@ -71,6 +71,22 @@ def test_a_resume_leaving_out_what_the_run_gave_as_the_default_goes_on_and_a_rea
         assert s.get_space("dst") == "b"
 
 
+def test_a_resume_giving_a_field_the_first_run_left_to_the_engine_is_refused_if_it_differs(world):
+    """A run that gave no field names, stopped, then resumed with ``--text-field body``: the default was read from the
+    store opened for the resume (opened with ``body``), so recorded None resolved to ``body`` and the change went
+    through, recorded in the checkpoint. The engine's own default (``text``) is what None means: refused, the
+    checkpoint untouched; giving that default explicitly is no change."""
+    ck = world["tmp"] / "bare.json"
+    with pytest.raises(MigrationInterrupted):
+        _migrate(world, ck, stop=True)
+    before = ck.read_text()
+    with pytest.raises(CheckpointMismatchError, match=r"--text-field None \(this run: 'body'\)"):
+        _migrate(world, ck, text_field="body")
+    assert ck.read_text() == before
+    rep = _migrate(world, ck, text_field="text")  # the engine's default, given: the same
+    assert rep.rows == N and rep.resumed_from is not None, rep
+
+
 def test_a_refused_resume_over_http_names_the_requests_fields(world):
     """A resume whose options differ is refused (the job fails, CheckpointMismatchError: a conflict); over HTTP the
     message named the CLI's flags (``--alias 'live' (this run: None)``), which an HTTP client never sends. It names
