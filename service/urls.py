@@ -20,16 +20,16 @@ __all__ = ["check_pg_userinfo", "hide_endpoints", "redact", "safe_url", "url_sec
 
 def safe_url(url: str) -> str:
     """``url`` as an error message may show it: a password in its user part (``user:PASSWORD@host``) or in a
-    ``password=`` parameter (libpq takes one) as ``***``."""
+    ``password=`` or ``sslpassword=`` parameter (libpq takes them: the second unlocks the client key) as ``***``."""
     url = re.sub(r"^([A-Za-z][A-Za-z0-9+.-]*://[^/@:]*):[^/]*@", r"\1:***@", str(url))
-    return re.sub(r"([?&]password=)[^&#]*", r"\1***", url, flags=re.IGNORECASE)
+    return re.sub(r"([?&](?:ssl)?password=)[^&#]*", r"\1***", url, flags=re.IGNORECASE)
 
 
 def url_secrets(url: str) -> list[str]:
     """The passwords written in ``url`` (its user part, a ``password=`` parameter), as written and percent-decoded:
     what :func:`redact` hides in a message that quotes pieces of the URL (libpq's parse errors do)."""
     found = re.findall(r"^[A-Za-z][A-Za-z0-9+.-]*://[^/@:]*:([^/]*)@", str(url))
-    found += re.findall(r"[?&]password=([^&#]*)", str(url), flags=re.IGNORECASE)
+    found += re.findall(r"[?&](?:ssl)?password=([^&#]*)", str(url), flags=re.IGNORECASE)
     return sorted({v for p in found if p for v in (p, unquote(p))}, key=len, reverse=True)
 
 

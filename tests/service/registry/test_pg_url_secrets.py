@@ -150,3 +150,14 @@ def test_escaped_slashes_and_query_parameters_with_an_at_are_still_accepted():
     for url in ("postgresql://vb:p%2Fss@db/vb", "postgresql://vb@db/vb?application_name=a@b",
                 "postgresql:///vb?host=/run/postgresql", "postgresql://db/vb"):
         assert load_settings(registry_url=url).registry_url == url
+
+
+def test_the_client_key_password_is_hidden_as_the_password_is():
+    """libpq's ``sslpassword=`` (it unlocks the client's TLS key) was left in the URL a resume command records and
+    prints; it is hidden as ``password=`` is, and counted among the URL's secrets."""
+    from service.urls import safe_url, url_secrets
+
+    url = "postgresql://vb:pw@db/vb?sslmode=verify-full&sslpassword=k3y%21pw&sslkey=/k/client.key"
+    shown = safe_url(url)
+    assert "k3y" not in shown and "sslpassword=***" in shown and "sslkey=/k/client.key" in shown, shown
+    assert {"k3y%21pw", "k3y!pw", "pw"} <= set(url_secrets(url))
