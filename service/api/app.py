@@ -27,7 +27,7 @@ from starlette.middleware.cors import CORSMiddleware
 import align
 
 from ..config import ConfigError, Settings, get_settings
-from ..indexes.device import use_device
+from ..indexes.device import device_in_use, restore_device, use_device
 from ..logging import configure_logging, get_logger
 from ..metrics import MULTIPROC_ENV, ServiceMetrics
 from ..memory import keep_heap
@@ -98,6 +98,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         configure_logging(s.log_level)
         limit_native_threads(s.blas_threads)
         keep_heap(s.malloc_keep_mb)
+        device_before = device_in_use()  # given back at the stop (a test run's own device, an enclosing app's)
         use_device(s.search_device)  # a GPU asked for and missing: the start-up fails, saying why
         state = AppState(s, metrics=metrics)
         await run_in_threadpool(state.open)
@@ -125,7 +126,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             gc.unfreeze()
             app.state.vb = None
             release_native_threads(s.blas_threads)
-            use_device("cpu")
+            restore_device(device_before)  # was use_device("cpu"): the GPU test run lost its device at the first stop
             metrics.close()  # multiprocess: this worker's gauges leave the sums
 
     app = FastAPI(title="vecbridge", version=align.__version__, description=API_DESCRIPTION, lifespan=lifespan,

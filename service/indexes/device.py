@@ -35,7 +35,8 @@ from align.exceptions import InputError
 from ..logging import get_logger
 from .kinds import _id_map
 
-__all__ = ["BLOCK_SCORES", "DeviceRows", "check_device", "search_device", "use_device"]
+__all__ = ["BLOCK_SCORES", "DeviceRows", "check_device", "device_in_use", "restore_device", "search_device",
+           "use_device"]
 
 BLOCK_SCORES = 1 << 28  # scores (float32) of one query block: b x n <= 2**28 (1 GiB)
 _DEVICE_RE = re.compile(r"cpu|cuda(:\d{1,2})?")
@@ -80,6 +81,17 @@ def use_device(name: str, *, warm: bool = True) -> str:
         torch.topk(x @ x.T, 1, dim=1).values.cpu()
     _device = device
     return key
+
+
+def device_in_use():
+    """The process's device as it is now (a ``torch.device``, or ``None``: FAISS), for :func:`restore_device`."""
+    return _device
+
+
+def restore_device(device) -> None:
+    """Put back a device :func:`device_in_use` returned (no check, no warm-up: it was in use before)."""
+    global _device
+    _device = device
 
 
 def search_device() -> str:

@@ -13,7 +13,7 @@ import sys
 import httpx
 import numpy as np
 import pytest
-from _api_support import R, W
+from _api_support import R, W, settings_for
 from _servers import ROOT, env_for, free_port, seed_registry, start, stop
 from conftest import logged
 from hypothesis import given, settings
@@ -73,6 +73,24 @@ def test_the_run_s_device_searches_every_flat_index():
     own) answers from it."""
     idx = SpaceIndex.build("t", "s", rows(50, 8, 12), kind="flat")
     assert dev.search_device().startswith("cuda:" if RUN_DEVICE.startswith("cuda") else "cpu")
+    assert idx._device.search(idx.index, idx._changes, rows(2, 8, 13), 3) is not None
+
+
+def test_an_in_process_app_gives_back_the_device_it_found(tmp_path, monkeypatch):
+    """An app's stop set the process's device to the CPU (FAISS) whatever it had found: in the GPU machine's run
+    (``VECBRIDGE_TEST_SEARCH_DEVICE``) every index test after the first in-process app of its worker searched with
+    FAISS, and the check above failed when it ran after one (``-n 0 test_newer_format.py test_device_search.py``).
+    Now the stop puts back the device the process had before the start."""
+    torch = pytest.importorskip("torch")
+    from fastapi.testclient import TestClient
+
+    from service.api import create_app
+
+    monkeypatch.setattr(dev, "_device", torch.device("cpu"))  # the torch path, as VECBRIDGE_TEST_SEARCH_DEVICE does
+    idx = SpaceIndex.build("t", "s", rows(50, 8, 12), kind="flat")
+    with TestClient(create_app(settings_for(tmp_path))) as c:
+        assert c.get("/healthz").status_code == 200
+        assert idx._device.search(idx.index, idx._changes, rows(2, 8, 13), 3) is None  # its setting (cpu): FAISS
     assert idx._device.search(idx.index, idx._changes, rows(2, 8, 13), 3) is not None
 
 
