@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 import align
@@ -383,6 +383,7 @@ def test_errors_are_value_errors_for_callers():
 
 @settings(max_examples=20, deadline=None)
 @given(d_s=st.integers(2, 12), d_t=st.integers(2, 12), seed=st.integers(0, 2**31 - 1), ridge=st.booleans())
+@example(d_s=2, d_t=4, seed=2561663, ridge=False)  # a row near a 0.96 mean (below): always tried
 def test_folded_apply_equals_stage_by_stage(d_s, d_t, seed, ridge):
     """apply() folds the source frame into one GEMM; it must equal frame → W → (+b) → output."""
     from align.frames import unit_rows
@@ -393,9 +394,15 @@ def test_folded_apply_equals_stage_by_stage(d_s, d_t, seed, ridge):
     m = align.fit_ridge(X, Y, alpha=0.1) if ridge else align.fit_procrustes(X, Y)
     Z = (rng.normal(size=(17, d_s)) * 3).astype(np.float32)
     lin = m.source_frame.apply(Z).astype(np.float64) @ m.W + (0 if m.bias is None else m.bias)
-    np.testing.assert_allclose(m.apply(Z, output="linear"), lin, atol=2e-5)
-    np.testing.assert_allclose(m.apply(Z, output="frame"), unit_rows(lin.astype(np.float32)), atol=2e-5)
-    np.testing.assert_allclose(m.apply(Z, output="raw"), m.target_frame.to_raw(lin.astype(np.float32)), atol=2e-5)
+    # both sides centre in float32, whose rounding grows ~1/s for a row at s = |z/|z| - mu| from the frame's mean:
+    # offset 2-d data puts |mu| up to ~0.98, and a row near it (s = 0.038) differed by 3.0e-5 (d_s=2, d_t=4,
+    # seed=2561663, ridge=False; about 1 example in 10^4, so 1 CI run in 500 drew one). Observed: below 1.2e-6 / s.
+    s = np.linalg.norm(unit_rows(Z) - m.source_frame.mean, axis=1)
+    tol = np.maximum(2e-5, 2e-6 / s)[:, None]
+    for output, want in (("linear", lin), ("frame", unit_rows(lin.astype(np.float32))),
+                         ("raw", m.target_frame.to_raw(lin.astype(np.float32)))):
+        err = np.abs(m.apply(Z, output=output) - want)
+        assert (err <= tol).all(), (output, float(err.max()), float(s.min()))
 
 
 @settings(max_examples=40, deadline=None)
