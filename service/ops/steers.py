@@ -16,7 +16,7 @@ a steer in the map's target space.
 from __future__ import annotations
 
 import hashlib
-import json
+import uuid
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
@@ -33,6 +33,7 @@ from ..io import is_text_path
 from ..limits import MAX_SEED, MAX_STEER_EPS
 from ..progress import Progress, silent
 from ..registry import ConflictError, InvalidNameError, NotFoundError
+from ..registry.models import dumps
 from ..registry.names import MAX_NAME, check_alias, check_name
 from ..registry.quality import heldout_doubt, reliable
 from ..registry.retry import until_registered
@@ -296,18 +297,20 @@ def fit_and_register(registry, *, name: str, space: str, X: np.ndarray, labels, 
         seen["latest"] = _latest_version(registry, name)
         return registry.register_steer(
             name, steer, space=space, params=p, random_state=p["random_state"], data_hashes=hashes, metrics=metrics,
-            alias=_held_back(alias, verdict), description=description, inputs=inputs or {}, lens=lens,
-            encoder=encoder)
+            alias=_held_back(alias, verdict), description=description, inputs={**(inputs or {}), "fit_id": fit_id},
+            lens=lens, encoder=encoder)
 
     # this fit's version, if a try that failed was committed: a newer one of the same rows, labels, options and fit
     # figures (its losses, iterations). Rows and labels alone took a concurrent fit's of other options (another
     # job's seed or alias) for this one: its steer never registered, its alias never moved. A version that matches
     # every one is the same steer of the same request.
-    mine_key = _same_fit(hashes, p, metrics, description)
+    fit_id = uuid.uuid4().hex  # this call's own: two jobs of the same rows, labels, seed and other aliases were one
+    mine_key = _same_fit(hashes, p, metrics, description, fit_id)
 
     def found():
         mine = [v for v in _versions(registry, name) if v.version > seen["latest"]
-                and _same_fit(v.data_hashes, v.params, v.metrics, v.description) == mine_key]
+                and _same_fit(v.data_hashes, v.params, v.metrics, v.description,
+                              (v.inputs or {}).get("fit_id")) == mine_key]
         return mine[-1] if mine else None
 
     # the registry away for a moment (a PostgreSQL restart) failed the fit and threw the steer away: a map fit
@@ -315,10 +318,12 @@ def fit_and_register(registry, *, name: str, space: str, X: np.ndarray, labels, 
     return until_registered(register, say, what=f"steer {name!r}", found=found)
 
 
-def _same_fit(hashes: dict, params: dict, metrics: dict, description: str | None) -> str:
-    """What tells one steer fit's registration from another's, as JSON (a NaN loss compares equal to itself)."""
-    return json.dumps([hashes, params, {k: metrics.get(k) for k in (*_METRICS, "reliable", "unreliable_reason")},
-                       description or ""], sort_keys=True, default=str)
+def _same_fit(hashes: dict, params: dict, metrics: dict, description: str | None, fit_id: str | None) -> str:
+    """What tells one steer fit's registration from another's, as the registry's JSON writes it (a NaN loss compares
+    equal to itself, a numpy scalar as the plain number stored): the rows, options and figures, and the fit's own id
+    (``inputs["fit_id"]``), which alone tells apart two fits of one request (the same seed, other aliases)."""
+    return dumps([hashes, params, {k: metrics.get(k) for k in (*_METRICS, "reliable", "unreliable_reason")},
+                  description or "", fit_id])
 
 
 def _versions(registry, name: str) -> list:

@@ -39,8 +39,9 @@ def artifacts_elsewhere(db, store, tables, sample: int = ARTIFACT_SAMPLE, *, max
     ``created_at``, which has no index: the primary keys are (name, version), which order by name, not age, so
     they cannot stand in; at one query per :data:`VERDICT_S` per process (per /readyz probe while the verdict is
     "not the registry's", single-flight) a sort of the versions' rows costs less than an index every write would
-    keep. The warning is logged when the verdict turns to "not the registry's", not at every look while it stands. The folder's path goes to the log only: clients and /readyz (no key
-    needed) are told "this data dir's artifact folder"."""
+    keep. The warning is logged when the verdict turns to "not the registry's", not at every look while it stands.
+    The folder's path goes to the log only: clients and /readyz (no key needed) are told "this data dir's artifact
+    folder"."""
     seen = store.elsewhere_seen
     if (max_age and seen is not None and time.monotonic() - seen[0] < max_age
             and (keep_foreign or seen[1] is None)):

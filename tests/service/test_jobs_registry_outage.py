@@ -513,10 +513,11 @@ def test_a_cancel_while_the_registry_cannot_say_whether_a_try_committed_says_it_
         assert "map 'a2b' was not registered" in message, message
 
 
-def test_a_steer_fit_does_not_take_a_concurrent_fit_of_other_options_for_its_own(reg, monkeypatch):
-    """Two fits of the same rows and labels with other options (another seed, another alias), the registry away at
-    register: the look before a retry took the other job's version for this one (same rows, labels, description), so
-    this fit's steer was never registered and its alias never moved. It registers its own."""
+@pytest.mark.parametrize("other_seed", [7, 3])
+def test_a_steer_fit_does_not_take_a_concurrent_fit_of_other_options_for_its_own(reg, monkeypatch, other_seed):
+    """Two fits of the same rows and labels with other options (another seed; or the same seed, another alias), the
+    registry away at register: the look before a retry took the other job's version for this one (same rows, labels,
+    description), so this fit's steer was never registered and its alias never moved. It registers its own."""
     from service.registry import Registry
 
     X, y = _steer_rows()
@@ -526,7 +527,7 @@ def test_a_steer_fit_does_not_take_a_concurrent_fit_of_other_options_for_its_own
     def other_job_first(self, name, steer, **kw):
         calls.append(kw.get("random_state"))
         if len(calls) == 1:  # the other job registers in between, then this try is refused (nothing written)
-            fit_and_register(reg, name="tone", space="toy", X=X, labels=y, random_state=7, alias="b-alias")
+            fit_and_register(reg, name="tone", space="toy", X=X, labels=y, random_state=other_seed, alias="b-alias")
             raise RegistryUnavailableError("registry away (test)")
         return real(self, name, steer, **kw)
 
@@ -534,5 +535,5 @@ def test_a_steer_fit_does_not_take_a_concurrent_fit_of_other_options_for_its_own
     monkeypatch.setattr(Registry, "register_steer", other_job_first)
     mine = fit_and_register(reg, name="tone", space="toy", X=X, labels=y, random_state=3, alias="a-alias")
     assert mine.version == 2 and mine.random_state == 3, mine
-    assert {v.version: v.random_state for v in reg.list_steer_versions("tone")} == {1: 7, 2: 3}
+    assert {v.version: v.random_state for v in reg.list_steer_versions("tone")} == {1: other_seed, 2: 3}
     assert reg.resolve_steer("tone@a-alias").version == 2 and reg.resolve_steer("tone@b-alias").version == 1
