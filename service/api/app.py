@@ -101,7 +101,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         device_before = device_in_use()  # given back at the stop (a test run's own device, an enclosing app's)
         use_device(s.search_device)  # a GPU asked for and missing: the start-up fails, saying why
         state = AppState(s, metrics=metrics)
-        await run_in_threadpool(state.open)
+        try:
+            await run_in_threadpool(state.open)
+        except BaseException:  # a start that fails gives the device back too (the GPU test run lost it there)
+            restore_device(device_before)
+            raise
         state.preload.start()  # Settings.preload_encoders, in the background: /readyz waits for them
         app.state.vb = state
         _log.info("service started", extra={"fields": {

@@ -94,6 +94,26 @@ def test_an_in_process_app_gives_back_the_device_it_found(tmp_path, monkeypatch)
     assert idx._device.search(idx.index, idx._changes, rows(2, 8, 13), 3) is not None
 
 
+def test_an_in_process_app_whose_start_fails_gives_back_the_device_too(tmp_path, monkeypatch):
+    """The stop gave the device back, but a start that failed after choosing its own (a data dir it cannot open)
+    left the process on the app's setting (the CPU: FAISS) for every later test of the worker."""
+    torch = pytest.importorskip("torch")
+    from fastapi.testclient import TestClient
+
+    from service.api import create_app
+    from service.api.state import AppState
+
+    def fail(self):
+        raise OSError("the data dir cannot be opened (test)")
+
+    monkeypatch.setattr(dev, "_device", torch.device("cpu"))
+    monkeypatch.setattr(AppState, "open", fail)
+    idx = SpaceIndex.build("t", "s", rows(50, 8, 12), kind="flat")
+    with pytest.raises(OSError, match="cannot be opened"), TestClient(create_app(settings_for(tmp_path))):
+        pass
+    assert idx._device.search(idx.index, idx._changes, rows(2, 8, 13), 3) is not None  # the device it found
+
+
 @settings(max_examples=25, deadline=None)
 @given(n=st.integers(1, 300), d=st.integers(1, 40), b=st.integers(1, 20), k=st.integers(1, 400),
        seed=st.integers(0, 2**16), metric=st.sampled_from(["cosine", "ip"]))
