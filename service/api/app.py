@@ -99,11 +99,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         limit_native_threads(s.blas_threads)
         keep_heap(s.malloc_keep_mb)
         device_before = device_in_use()  # given back at the stop (a test run's own device, an enclosing app's)
-        use_device(s.search_device)  # a GPU asked for and missing: the start-up fails, saying why
-        state = AppState(s, metrics=metrics)
         try:
+            use_device(s.search_device)  # a GPU asked for and missing: the start-up fails, saying why
+            state = AppState(s, metrics=metrics)
             await run_in_threadpool(state.open)
-        except BaseException:  # a start that fails gives the device back too (the GPU test run lost it there)
+        except BaseException:  # a start that fails gives back what it took, as a stop does: the thread limit (held,
+            # a later limit of one thread was a no-op, and a BLAS loaded after stayed at its default) and the device
+            release_native_threads(s.blas_threads)
             restore_device(device_before)
             raise
         state.preload.start()  # Settings.preload_encoders, in the background: /readyz waits for them

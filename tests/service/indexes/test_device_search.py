@@ -96,12 +96,17 @@ def test_an_in_process_app_gives_back_the_device_it_found(tmp_path, monkeypatch)
 
 def test_an_in_process_app_whose_start_fails_gives_back_the_device_too(tmp_path, monkeypatch):
     """The stop gave the device back, but a start that failed after choosing its own (a data dir it cannot open)
-    left the process on the app's setting (the CPU: FAISS) for every later test of the worker."""
+    left the process on the app's setting (the CPU: FAISS) for every later test of the worker; and it kept the
+    app's BLAS thread limit for good, which made a later one-thread limit a no-op (CI's test_linalg failed after
+    it). Both are given back."""
     torch = pytest.importorskip("torch")
     from fastapi.testclient import TestClient
+    from threadpoolctl import threadpool_limits
 
+    from align import linalg
     from service.api import create_app
     from service.api.state import AppState
+    from service.threads import native_threads
 
     def fail(self):
         raise OSError("the data dir cannot be opened (test)")
@@ -109,8 +114,11 @@ def test_an_in_process_app_whose_start_fails_gives_back_the_device_too(tmp_path,
     monkeypatch.setattr(dev, "_device", torch.device("cpu"))
     monkeypatch.setattr(AppState, "open", fail)
     idx = SpaceIndex.build("t", "s", rows(50, 8, 12), kind="flat")
-    with pytest.raises(OSError, match="cannot be opened"), TestClient(create_app(settings_for(tmp_path))):
-        pass
+    with threadpool_limits(limits=3, user_api="blas"):  # not 1: a one-thread limit that does nothing would show
+        with pytest.raises(OSError, match="cannot be opened"), TestClient(create_app(settings_for(tmp_path))):
+            pass
+        with linalg.serial_blas():  # a limit the failed start kept made this a no-op
+            assert all(n == 1 for n in native_threads()["blas"]), native_threads()
     assert idx._device.search(idx.index, idx._changes, rows(2, 8, 13), 3) is not None  # the device it found
 
 
