@@ -493,15 +493,42 @@ def test_one_lost_file_of_a_registry_of_two_versions_leaves_the_replicas_ready(t
         assert r.status_code == 500 and r.json()["error"]["type"] == "IntegrityError", r.text
 
 
+def _probe_while_hung(app, *, arm, release, looks: list, check: str, says: str, probes: int, setup=None, then=None):
+    """``probes`` concurrent /readyz of ``app`` once ``arm()`` has hung its ``check`` (each look appends to ``looks``
+    and waits for ``release``): every answer is a 503 whose ``check`` starts with ``says``, one look served them all,
+    and the pool still serves a route; ``setup(state)`` runs before the first (healthy) probe, ``await then(client)``
+    after the asserts, and ``release`` is set at the end whatever happened."""
+    import asyncio
+
+    import httpx
+
+    async def main():
+        async with app.router.lifespan_context(app), httpx.AsyncClient(
+                transport=httpx.ASGITransport(app=app), base_url="http://t") as c:
+            if setup is not None:
+                setup(app.state.vb)
+            assert (await c.get("/readyz")).status_code == 200
+            arm()
+            try:
+                answers = await asyncio.gather(*(c.get("/readyz") for _ in range(probes)))
+                assert {a.status_code for a in answers} == {503}
+                assert {a.json()["checks"][check][:len(says)] for a in answers} == {says}, answers[0].text
+                assert len(looks) == 1  # one thread for every probe
+                assert (await c.get("/v1/maps", headers=R)).status_code == 200  # the pool still has threads
+                if then is not None:
+                    await then(c)
+            finally:
+                release.set()
+
+    asyncio.run(main())
+
+
 def test_readiness_looks_at_a_hung_data_dir_with_one_thread_and_answers_in_time(tmp_path, monkeypatch):
     """A review's find: the artifact check was one look at a time, but /readyz's look at the folders it writes to
     (``data_dir_status``: is_dir, access, statvfs of the data, artifact and report dirs) still ran in a new pool thread
     per probe, without a time limit: a hung mount held one more thread per probe. Now one look at a time, answered
     within READY_WAIT_S as "no answer"."""
-    import asyncio
     import threading
-
-    import httpx
 
     from service import storage
 
@@ -514,25 +541,12 @@ def test_readiness_looks_at_a_hung_data_dir_with_one_thread_and_answers_in_time(
             release.wait(20)
         return real(*args, **kw)
 
-    app = create_app(settings_for(tmp_path))
+    def arm():
+        monkeypatch.setattr(storage, "data_dir_status", status)
+        hung.set()
 
-    async def main():
-        async with app.router.lifespan_context(app), httpx.AsyncClient(
-                transport=httpx.ASGITransport(app=app), base_url="http://t") as c:
-            assert (await c.get("/readyz")).status_code == 200
-            monkeypatch.setattr(storage, "data_dir_status", status)
-            hung.set()
-            try:
-                answers = await asyncio.gather(*(c.get("/readyz") for _ in range(30)))
-                assert {a.status_code for a in answers} == {503}
-                assert {a.json()["checks"]["data_dir"][:45] for a in answers} == {
-                    "error: no answer from the data dir's folders "}, answers[0].text
-                assert len(looks) == 1  # one thread for 30 probes
-                assert (await c.get("/v1/maps", headers=R)).status_code == 200  # the pool still has threads
-            finally:
-                release.set()
-
-    asyncio.run(main())
+    _probe_while_hung(create_app(settings_for(tmp_path)), arm=arm, release=release, looks=looks, check="data_dir",
+                      says="error: no answer from the data dir's folders ", probes=30)
 
 
 def test_readiness_looks_at_a_hung_artifact_folder_with_one_thread_and_answers_in_time(tmp_path, monkeypatch):
@@ -540,40 +554,27 @@ def test_readiness_looks_at_a_hung_artifact_folder_with_one_thread_and_answers_i
     limit: an artifact folder that stops answering (a hard NFS mount) held one more thread per probe until the pool
     was exhausted and every route that needs one stalled. One look at a time, answered within READY_WAIT_S as "no
     answer", and that answer kept like any other."""
-    import asyncio
     import threading
-
-    import httpx
 
     from service.registry import core
 
     hung, release, looks = threading.Event(), threading.Event(), []
+    app = create_app(settings_for(tmp_path))
 
     def hang(point):
         if point == "artifacts_sampled" and hung.is_set():
             looks.append(point)
             release.wait(20)
 
-    app = create_app(settings_for(tmp_path))
+    def arm():
+        monkeypatch.setattr(core, "FAULT_HOOK", hang)
+        hung.set()
+        app.state.vb.registry.store.elsewhere_seen = None  # as 30 s later
 
-    async def main():
-        async with app.router.lifespan_context(app), httpx.AsyncClient(
-                transport=httpx.ASGITransport(app=app), base_url="http://t") as c:
-            populate(app.state.vb.registry)
-            assert (await c.get("/readyz")).status_code == 200
-            monkeypatch.setattr(core, "FAULT_HOOK", hang)
-            hung.set()
-            app.state.vb.registry.store.elsewhere_seen = None  # as 30 s later
-            try:
-                answers = await asyncio.gather(*(c.get("/readyz") for _ in range(45)))
-                assert {a.status_code for a in answers} == {503}
-                assert {a.json()["checks"]["artifacts"][:55] for a in answers} == {
-                    "error: no answer from this data dir's artifact folder f"}, answers[0].text
-                assert len(looks) == 1  # one thread for 45 probes
-                assert (await c.get("/v1/maps", headers=R)).status_code == 200  # the pool still has threads
-                again = await c.get("/readyz")  # kept: no second look while the first still hangs
-                assert again.status_code == 503 and len(looks) == 1
-            finally:
-                release.set()
+    async def again(c):
+        again = await c.get("/readyz")  # kept: no second look while the first still hangs
+        assert again.status_code == 503 and len(looks) == 1
 
-    asyncio.run(main())
+    _probe_while_hung(app, arm=arm, release=release, looks=looks, check="artifacts",
+                      says="error: no answer from this data dir's artifact folder f", probes=45,
+                      setup=lambda state: populate(state.registry), then=again)
