@@ -17,6 +17,7 @@ follows the calling thread's OpenMP setting instead.
 
 from __future__ import annotations
 
+import sys
 import threading
 from contextlib import contextmanager
 
@@ -26,7 +27,9 @@ _lock = threading.Lock()
 _limits: dict[int, int] = {}  # token -> thread count asked for; the BLAS runs at the smallest
 _next_token = 0
 _effective = 0  # the limit in force (0: none)
-_saved = None  # threadpoolctl's record of the limits before the first one
+_saved: list = []  # threadpoolctl's records of the counts before a limit, one per set of libraries first seen
+_covered: set[str] = set()  # the BLAS libraries (paths) a record in _saved holds the original count of
+_modules_seen = 0  # len(sys.modules) when the libraries were last looked for
 
 
 def _blas_controller():
@@ -39,22 +42,29 @@ def _blas_controller():
 
 
 def _apply_locked() -> None:
-    """Make the BLAS run at ``min`` of the active limits, or restore the original counts when none is left."""
-    global _effective, _saved
+    """Make the BLAS run at ``min`` of the active limits, or restore the original counts when none is left.
+
+    A limit already in force is applied again when modules were imported since it was (a BLAS loaded later, with
+    scipy.linalg or torch, ran at its default count under a holder's one thread). Each record that first saw a
+    library is kept and they are restored newest first, so every library gets back the count it had before."""
+    global _effective, _modules_seen
     want = min(_limits.values()) if _limits else 0
-    if want == _effective:
+    if want == _effective and (want == 0 or len(sys.modules) == _modules_seen):
         return
     if want == 0:
-        if _saved is not None:
-            _saved.restore_original_limits()
-        _saved = None
+        for limiter in reversed(_saved):
+            limiter.restore_original_limits()
+        _saved.clear()
+        _covered.clear()
     else:
         ctl = _blas_controller()
         if ctl is not None:
+            libs = {info["filepath"] for info in ctl.select(user_api="blas").info()}
             limited = ctl.limit(limits=want, user_api="blas")
-            if _saved is None:  # the first limit remembers the original counts
-                _saved = limited
-    _effective = want
+            if libs - _covered:  # a record of counts no earlier one holds: the first limit, or a library new since
+                _saved.append(limited)
+                _covered.update(libs)
+    _effective, _modules_seen = want, len(sys.modules)
 
 
 def limit_blas(n: int) -> int:

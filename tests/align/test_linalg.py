@@ -1,5 +1,6 @@
 """align.linalg: decompositions with the BLAS held to one thread, and the limit always restored."""
 
+import os
 import threading
 
 import numpy as np
@@ -90,3 +91,45 @@ def test_overlapping_holders_apply_the_smallest_limit_and_release_in_any_order()
     assert _blas_threads() == before
     with pytest.raises(ValueError):
         linalg.limit_blas(0)
+
+
+_LATE_BLAS = """
+import json
+import numpy as np  # numpy's OpenBLAS, loaded first
+from threadpoolctl import threadpool_info
+from align import linalg
+
+def counts():
+    return {i["filepath"]: i["num_threads"] for i in threadpool_info()
+            if i["user_api"] == "blas" and i.get("threading_layer") != "openmp"}
+
+before = counts()
+server = linalg.limit_blas(1)  # a serving process's limit, held for good
+import scipy.linalg  # scipy's own OpenBLAS, loaded after the limit
+loaded = counts()
+late = sorted(set(loaded) - set(before))
+with linalg.serial_blas():  # a decomposition: the late library runs at one thread too
+    inside = counts()
+linalg.release_blas(server)
+print(json.dumps({"late": late, "loaded": loaded, "inside": inside, "after": counts()}))
+"""
+
+
+def test_a_blas_loaded_while_a_limit_holds_is_limited_too_and_given_back_its_count():
+    """A BLAS library loaded after the first holder's limit (scipy.linalg's own OpenBLAS, torch's) ran at its
+    default count inside every later ``serial_blas`` while the first holder stayed: the limit was in force already,
+    so nothing was applied again. Each library runs at the limit, and gets its own count back when the last
+    holder leaves (its default: ``OPENBLAS_NUM_THREADS=3`` in this child, capped by OpenBLAS at the cores)."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = {**os.environ, "OPENBLAS_NUM_THREADS": "3", "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    done = subprocess.run([sys.executable, "-c", _LATE_BLAS], capture_output=True, text=True, timeout=120, env=env,
+                          check=True)
+    seen = json.loads(done.stdout)
+    if not any(seen["loaded"][lib] > 1 for lib in seen["late"]):
+        pytest.skip("scipy.linalg loaded no BLAS library of its own that runs more than one thread here")
+    assert all(n == 1 for n in seen["inside"].values()), seen
+    assert all(seen["after"][lib] == seen["loaded"][lib] for lib in seen["late"]), seen
