@@ -177,8 +177,8 @@ class _CancelWatch:
 
     def __exit__(self, *exc):
         self.done.set()
-        if self.thread is not None:
-            self.thread.join()
+        if self.thread is not None:  # a daemon: one stuck in a cancel (5 s at most) is not waited for after that
+            self.thread.join(CANCEL_POLL_S + 10)
 
 
 def run_migration(*, store_url: str, source: str, target: str, map_ref, checkpoint, registry=None,

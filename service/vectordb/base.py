@@ -53,6 +53,15 @@ from .. import spaces
 from ..errors import ConflictError, NotFoundError, shown
 from ..urls import redact, safe_url
 
+
+def pg_connect_options(url: str) -> dict:
+    """``connect_timeout`` for ``psycopg.connect`` (the registry's :data:`~service.registry.db.PG_CONNECT_TIMEOUT_S`)
+    unless the URL gives its own: a host that accepts nothing (a partition) was an error only after the OS's ~2 min
+    TCP timeout, each try, and a ``migrate --status`` probe waited as long."""
+    from ..registry.db import PG_CONNECT_TIMEOUT_S
+
+    return {} if "connect_timeout" in url else {"connect_timeout": PG_CONNECT_TIMEOUT_S}
+
 __all__ = [
     "Batch", "VectorStore", "VectorDBError", "VectorDBUnavailableError", "CollectionNotFoundError",
     "CollectionExistsError", "CheckpointMismatchError", "MigrationRunningError", "SpaceMismatchError",

@@ -26,7 +26,12 @@ from pathlib import Path
 from align.exceptions import InputError
 
 from ..storage import atomic_write, still_linked
-from .base import CheckpointMismatchError, MigrationRunningError, check_name
+from .base import (
+    CheckpointMismatchError,
+    MigrationRunningError,
+    check_name,
+    pg_connect_options,
+)
 
 __all__ = ["Checkpoint", "FileCheckpoint", "PgCheckpoint", "MemoryCheckpoint"]
 
@@ -183,12 +188,14 @@ class FileCheckpoint(Checkpoint):
         another run holds it. Held for a moment only (:data:`PROBE_GRACE_S`: a status read's probe), it is asked
         again: a run started as ``--status`` looked was refused as if another run wrote, naming a dead one's pid."""
         deadline = time.monotonic() + PROBE_GRACE_S
+        tries = 0
         while True:
+            tries += 1
             fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                if still_linked(fd, path):
-                    return fd
+                if still_linked(fd, path) or tries >= 100:  # 100 files gone in a row: a file system whose stat
+                    return fd  # and fstat never agree (the check cannot be made there), not runs ending
             except BlockingIOError:
                 holder = os.read(fd, 64).decode(errors="replace").strip() or "?"
                 os.close(fd)
@@ -244,14 +251,27 @@ class PgCheckpoint(Checkpoint):
     lock_seen_everywhere = True  # the database holds the lock: its answer is the same from every host
 
     def __init__(self, url: str, key: str, *, table: str = "vecbridge_migrations"):
-        import psycopg
-
         self.url = url
         self.key = key
         self.table = check_name(table, "table")
-        self.conn = psycopg.connect(url, autocommit=True)
-        self.conn.execute(f"CREATE TABLE IF NOT EXISTS {self.table} "
-                          "(key text PRIMARY KEY, state jsonb NOT NULL, updated_at timestamptz NOT NULL DEFAULT now())")
+        self.conn = self._connect()
+        with self.conn.transaction():  # two runs or a run and a status read at once: CREATE TABLE IF NOT EXISTS
+            # in both sessions raised UniqueViolation (pg_type) in one of them; serialised, the second finds the table
+            self.conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (f"vecbridge-ddl:{self.table}",))
+            self.conn.execute(f"CREATE TABLE IF NOT EXISTS {self.table} (key text PRIMARY KEY, state jsonb NOT NULL, "
+                              "updated_at timestamptz NOT NULL DEFAULT now())")
+
+    def _connect(self):
+        """A connection with a connect timeout and, unless the URL sets options, the registry's ``statement_timeout``
+        (a read or write behind another session's lock on the table waited as long as that lasted)."""
+        import psycopg
+
+        from ..registry.db import PG_STATEMENT_TIMEOUT_S, statement_timeout_ms
+
+        kw = pg_connect_options(self.url)
+        if "options" not in self.url:  # the URL's own options (a search_path, a timeout) are left as given
+            kw["options"] = f"-c statement_timeout={statement_timeout_ms(PG_STATEMENT_TIMEOUT_S)}"
+        return psycopg.connect(self.url, autocommit=True, **kw)
 
     def load(self):
         r = self.conn.execute(f"SELECT state FROM {self.table} WHERE key = %s", (self.key,)).fetchone()
@@ -295,7 +315,7 @@ class PgCheckpoint(Checkpoint):
         import psycopg
 
         try:
-            with psycopg.connect(self.url, autocommit=True) as probe:
+            with self._connect() as probe:
                 if not probe.execute("SELECT pg_try_advisory_lock(hashtext(%s))", (self.lock_key,)).fetchone()[0]:
                     return True
                 probe.execute("SELECT pg_advisory_unlock(hashtext(%s))", (self.lock_key,))

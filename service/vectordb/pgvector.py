@@ -39,7 +39,7 @@ from align.exceptions import InputError
 from ..urls import check_pg_userinfo
 from .base import (Batch, CollectionNotFoundError, Sentinel, UnsupportedFieldError, VectorDBError,
                    VectorDBUnavailableError, VectorStore, _pad_results, as_ids, check_metric, check_name, close_quietly,
-                   id_key, redact, rows_in_order)
+                   id_key, pg_connect_options, redact, rows_in_order)
 from .lost import lost_as_unavailable
 from .pg_schema import INDEX_OPTIONS, column_rules, copy_structures, plain_index, vector_indexes
 
@@ -162,7 +162,7 @@ class PgVectorStore(VectorStore):
         self._hnsw = (int(hnsw_m), int(ef_construction))
         check_pg_userinfo(url, "PostgreSQL vector-database URL")  # libpq read "S3C@RET@db" as the host "RET@db"
         try:
-            self.conn = psycopg.connect(url, autocommit=True)
+            self.conn = psycopg.connect(url, autocommit=True, **pg_connect_options(url))
         except psycopg.Error as exc:  # unreachable server, bad credentials, a URL libpq cannot parse: the user's to
             # fix; libpq's parse errors quote the URL or a piece of it (a password with a stray "%"): never the password
             why = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
@@ -565,9 +565,12 @@ class PgVectorStore(VectorStore):
 
     def interrupt(self) -> bool:
         """Cancel the statement running (the index build a Ctrl-C during ``migrate``'s finalize ran to its end, exit
-        0): it raises QueryCanceled, and the index, built in one statement, is not left half-made."""
+        0): it raises QueryCanceled, and the index, built in one statement, is not left half-made. At most 5 s:
+        ``cancel()`` blocks, holding the GIL, for as long as a server that stopped answering keeps it (the whole
+        process froze, its HTTP server too); ``cancel_safe`` (psycopg 3.2) gives up."""
         with contextlib.suppress(Exception):  # a connection already gone: its statement is not running either
-            self.conn.cancel()
+            cancel_safe = getattr(self.conn, "cancel_safe", None)
+            cancel_safe(timeout=5) if cancel_safe is not None else self.conn.cancel()
         return True
 
     # --- aliases (views) ----------------------------------------------------------------

@@ -1,0 +1,98 @@
+"""How long a migration's PostgreSQL connections may wait: a checkpoint or pgvector host that accepts and never
+answers, another session's lock, two runs creating the checkpoint table at once (real PostgreSQL:
+``eval "$(bash .ci/start_postgres.sh)"``). A cancel sent to a cut-off server: test_pgvector_cancel.py."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import uuid
+
+import pytest
+
+from service.vectordb import PgCheckpoint
+
+psycopg = pytest.importorskip("psycopg")
+
+
+
+@pytest.mark.postgres
+def test_runs_making_the_checkpoint_table_at_once_all_open_it(pg_url):
+    """``CREATE TABLE IF NOT EXISTS`` in two sessions at once raised UniqueViolation (``pg_type``) in one of them:
+    a migration and its ``--status``, or two migrations started together on a new table, failed. Eight at once,
+    five new tables: every one opens, and the table is there once."""
+    for _ in range(5):
+        table = f"ck_{uuid.uuid4().hex[:10]}"
+        start, opened, errors = threading.Barrier(8), [], []
+
+        def run(i, table=table, start=start, opened=opened, errors=errors):
+            start.wait(30)
+            try:
+                opened.append(PgCheckpoint(pg_url, f"m{i}", table=table))
+            except Exception as exc:  # noqa: BLE001 - every outcome is checked below
+                errors.append(exc)
+
+        threads = [threading.Thread(target=run, args=(i,)) for i in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        try:
+            assert not errors and len(opened) == 8, errors
+            opened[0].save({"done": 1})
+            assert opened[0].load() == {"done": 1}
+        finally:
+            for ck in opened:
+                ck.close()
+
+
+@pytest.mark.postgres
+def test_a_checkpoint_connection_waits_for_a_lock_no_longer_than_the_registrys_statement_timeout(pg_url):
+    """A checkpoint's read or write behind another session's lock on its table waited as long as that lasted;
+    its connections now carry the registry's ``statement_timeout`` (30 s), unless the URL gives options."""
+    ck = PgCheckpoint(pg_url, "a->b")
+    try:
+        assert ck.conn.execute("SHOW statement_timeout").fetchone()[0] == "30s"
+        assert int(ck.conn.info.get_parameters()["connect_timeout"]) == 10
+    finally:
+        ck.close()
+    own = PgCheckpoint(pg_url + "?options=-c%20statement_timeout%3D5s", "a->b")
+    try:
+        assert own.conn.execute("SHOW statement_timeout").fetchone()[0] == "5s"  # the URL's, left as given
+    finally:
+        own.close()
+
+
+def test_a_database_host_that_never_answers_is_an_error_after_the_connect_timeout(monkeypatch):
+    """A checkpoint, its lock probe (``migrate --status``) and a pgvector store on a host that accepts and never
+    answers (a partition) waited for the OS's TCP timeout (~2 min), each; now the registry's connect timeout."""
+    from service.registry import db
+    from service.vectordb import PgVectorStore
+
+    monkeypatch.setattr(db, "PG_CONNECT_TIMEOUT_S", 1)
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(16)  # accepted by the kernel, never answered
+    url = f"postgresql://vb@127.0.0.1:{silent.getsockname()[1]}/vb"
+    outcome: dict = {}
+
+    def connect():
+        for name, make in (("checkpoint", lambda: PgCheckpoint(url, "a->b")),
+                           ("store", lambda: PgVectorStore(url))):
+            try:
+                make()
+                outcome[name] = "connected"
+            except Exception as exc:  # noqa: BLE001 - the outcome is checked below
+                outcome[name] = exc
+        probe = object.__new__(PgCheckpoint)  # a status read's probe, without the run's own connection
+        probe.url, probe.table, probe.key = url, "vecbridge_migrations", "a->b"
+        outcome["probe"] = probe.lock_held()
+
+    th = threading.Thread(target=connect, daemon=True)
+    th.start()
+    th.join(30)
+    silent.close()
+    assert not th.is_alive(), f"still connecting after 30 s: {outcome}"
+    assert isinstance(outcome["checkpoint"], psycopg.OperationalError), outcome
+    assert "cannot connect" in str(outcome["store"]), outcome
+    assert outcome["probe"] is None, outcome  # cannot be told
