@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 
 import httpx
 import numpy as np
@@ -33,6 +33,8 @@ FITS_PER_CLIENT = 5
 FIT_CLIENTS = 2
 OPS = 30  # per transform / search / alias client
 BATCH = 8
+RETRY_FOR_S = 300  # a fit still answered 429 after this long fails the test, naming the last answer
+CLIENTS_FOR_S = 600  # all clients together
 
 
 def _prepare(data, registry_url):
@@ -63,10 +65,12 @@ def _run(tmp_path, registry_url):
                 for i in range(FITS_PER_CLIENT):
                     name = f"conc-{i % 2}"
                     body = fit_body(name, n=48, seed=k * 100 + i)
+                    deadline = time.monotonic() + RETRY_FOR_S
                     while True:
                         r = c.post("/v1/fits", json=body)
                         if r.status_code != 429:
                             break
+                        assert time.monotonic() < deadline, f"fit still 429 after {RETRY_FOR_S} s: {r.text[:200]}"
                         time.sleep(0.2)
                     if r.status_code != 202:
                         problems.append(f"fit {r.status_code} {r.text[:200]}")
@@ -119,7 +123,10 @@ def _run(tmp_path, registry_url):
         jobs = [*(lambda k=k: fitter(k) for k in range(FIT_CLIENTS)), transformer, transformer, searcher, searcher,
                 adder, aliaser]
         with ThreadPoolExecutor(len(jobs)) as ex:
-            for f in [ex.submit(j) for j in jobs]:
+            futures = [ex.submit(j) for j in jobs]
+            running = wait(futures, timeout=CLIENTS_FOR_S).not_done
+            assert not running, f"{len(running)} of {len(jobs)} clients still running after {CLIENTS_FOR_S} s"
+            for f in futures:
                 f.result()
         expected = sum(len(v) for v in submitted.values())
         reg = open_registry(registry_url, data / "artifacts")
