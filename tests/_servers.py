@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import resource
 import shutil
 import socket
@@ -60,9 +61,37 @@ def start_until(argv: list[str], marker: Path, timeout: float = 120.0) -> subpro
     proc = subprocess.Popen(argv, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + timeout
     while not marker.exists():
-        assert proc.poll() is None and time.time() < deadline, proc.stderr.read()
+        if proc.poll() is None and time.time() >= deadline:
+            proc.kill()  # so its stderr ends and can be read
+            proc.wait(timeout=30)
+            raise AssertionError(f"{marker} not made within {timeout} s: {proc.stderr.read()}")
+        assert proc.poll() is None, proc.stderr.read()
         time.sleep(0.05)
     return proc
+
+
+def read_line(proc: subprocess.Popen, timeout: float = 120.0, pipe=None) -> str:
+    """One line from ``proc``'s stdout (or ``pipe``, e.g. ``proc.stderr``), "" at its end; AssertionError when no
+    line comes within ``timeout`` s (``proc`` is killed first, so the reading thread ends with its pipe)."""
+    pipe = proc.stdout if pipe is None else pipe
+    got: queue.Queue = queue.Queue()
+
+    def read() -> None:
+        try:
+            got.put(pipe.readline())
+        except Exception as e:  # noqa: BLE001 - handed to the caller
+            got.put(e)
+
+    threading.Thread(target=read, daemon=True).start()
+    try:
+        line = got.get(timeout=timeout)
+    except queue.Empty:
+        proc.kill()
+        proc.wait(timeout=30)
+        raise AssertionError(f"pid {proc.pid} wrote no line within {timeout} s (killed)") from None
+    if isinstance(line, Exception):
+        raise line
+    return line
 
 
 def stop(proc: subprocess.Popen, timeout: float = 20.0) -> None:

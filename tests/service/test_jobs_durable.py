@@ -17,6 +17,7 @@ import time
 import pytest
 
 from _jobs_support import slow_job, wait_job as wait
+from _servers import read_line
 from service.jobs import (INTERRUPTED, TERMINAL, IdempotencyConflictError, JobManager, JobNotFoundError, JobStore,
                           QueueFullError)
 
@@ -46,7 +47,7 @@ def _killed_child(db, kind: str = "fit") -> tuple[str, str]:
     proc = subprocess.Popen([sys.executable, "-c", CHILD, str(db), kind], stdout=subprocess.PIPE, text=True,
                             env={**os.environ, "OMP_NUM_THREADS": "1"})
     try:
-        line = proc.stdout.readline().split()
+        line = read_line(proc).split()
         assert len(line) == 2, "child did not start its jobs"
     finally:
         proc.send_signal(signal.SIGKILL)

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from _servers import read_line
 
 from reliability.helpers import free_port, wait_healthy
 from service.api.app import ensure_local_key
@@ -52,7 +53,7 @@ def test_serve_without_keys_prints_where_the_key_is_and_answers_with_it(tmp_path
                              str(tmp_path / "var é"), "--port", str(port), "--workers", str(workers)], env=env,
                             stderr=subprocess.PIPE, text=True)
     try:
-        first, curl = proc.stderr.readline(), proc.stderr.readline().strip()
+        first, curl = read_line(proc, pipe=proc.stderr), read_line(proc, pipe=proc.stderr).strip()
         key_file = tmp_path / "var é" / "local-key"
         assert str(key_file) in first and key_file.read_text().strip() not in first  # the path, never the key
         assert curl.startswith("curl -H ")  # run by a shell as printed, printf in curl's place
@@ -105,7 +106,7 @@ def test_serve_behind_a_prefix_prints_the_console_under_it(tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "service.cli", "serve", "--data-dir", str(tmp_path / "var"),
                              "--port", str(port), "--root-path", "/vb"], env=env, stderr=subprocess.PIPE, text=True)
     try:
-        lines = [proc.stderr.readline() for _ in range(3)]
+        lines = [read_line(proc, pipe=proc.stderr) for _ in range(3)]
         console = lines[2].strip()
         assert console.startswith("console: ") and "<your proxy>/vb/ui " in console, lines
         assert f"127.0.0.1:{port}/ui" not in console, lines
@@ -198,7 +199,7 @@ def test_the_start_up_line_says_the_key_file_s_own_mode(tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "service.cli", "serve", "--data-dir", str(tmp_path / "var"),
                              "--port", str(free_port())], env=env, stderr=subprocess.PIPE, text=True)
     try:
-        first = proc.stderr.readline()
+        first = read_line(proc, pipe=proc.stderr)
     finally:
         proc.terminate()
         proc.wait(timeout=30)

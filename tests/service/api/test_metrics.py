@@ -19,7 +19,7 @@ import httpx
 import numpy as np
 import pytest
 from _api_support import R, W
-from _servers import env_for, free_port, seed_registry, start, stop
+from _servers import env_for, free_port, read_line, seed_registry, start, stop
 from prometheus_client.parser import text_string_to_metric_families
 
 SCRAPES = 24
@@ -255,7 +255,7 @@ def test_a_metrics_folder_left_by_a_killed_service_is_removed_by_the_next_start(
     live = subprocess.Popen([sys.executable, "-c", serve.format("sys.stdin.read()"), str(tmp_path)], env=env,
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
-        alive = Path(live.stdout.readline().strip())
+        alive = Path(read_line(live).strip())
         with _metrics_folder() as mine:
             assert not dead.exists()  # its owner is gone
             assert alive.is_dir() and Path(mine).is_dir()  # a running service's folder stays

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from _servers import read_line
 
 import align
 
@@ -115,7 +116,7 @@ def test_interrupt_then_resume_then_every_field_arrives(world, vb):
            "--source", "docs_a", "--target", "docs_b", "--map", "a2b@prod", "--checkpoint", str(ckpt),
            "--batch-size", "20", "--pause", "1.0", "--json"]  # 12 batches: >= 11 s to interrupt in
     child = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    first = json.loads(child.stdout.readline())
+    first = json.loads(read_line(child))
     child.send_signal(signal.SIGINT)
     out, err = child.communicate(timeout=120)
     assert child.returncode == 130, err
@@ -210,7 +211,7 @@ def test_sigterm_stops_a_migration_with_143_as_every_command(world):
         target = "docs_term" if said else "docs_term2"
         cmd = [*cmd, "--target", target, "--checkpoint", str(world["dir"] / f"{target}.json")]
         child = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        json.loads(child.stdout.readline())  # a batch written
+        json.loads(read_line(child))  # a batch written
         child.send_signal(signal.SIGTERM)
         _, err = child.communicate(timeout=120)
         assert child.returncode == 143 and err.startswith(said), (cmd[:4], child.returncode, err)
@@ -420,7 +421,7 @@ def test_a_migration_killed_with_sigkill_reads_interrupted_with_its_resume_comma
     child = subprocess.Popen([*_CLI, "--data-dir", str(data), *common, "--batch-size", "20", "--pause", "1.0",
                               "--json"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        json.loads(child.stdout.readline())  # a batch is written and checkpointed
+        json.loads(read_line(child))  # a batch is written and checkpointed
         live = json.loads(vb(data, *common, "--status", "--json").stdout)
         assert live["state"] == "running" and live["holder"]["pid"] == child.pid and live["why"] is None, live
     finally:
@@ -466,11 +467,11 @@ def test_a_live_run_in_another_pid_namespace_reads_running_and_once_killed_inter
                               "--batch-size", "20", "--pause", "1.0", "--json"],
                              cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        first = json.loads(child.stdout.readline())  # a batch is written and checkpointed
+        first = json.loads(read_line(child))  # a batch is written and checkpointed
         live = json.loads(vb(data, *common, "--status", "--json").stdout)
         assert live["state"] == "running" and live["why"] is None and live["eta_s"] is not None, live
         assert live["holder"]["pid"] != child.pid, live  # its own namespace's pid (1), none of this one's
-        assert json.loads(child.stdout.readline())["done"] > first["done"]  # the probe left the run its lock
+        assert json.loads(read_line(child))["done"] > first["done"]  # the probe left the run its lock
         with open(f"/proc/{child.pid}/task/{child.pid}/children") as f:  # unshare's child: the run (pid 1 there)
             run_pid = int(f.read().split()[0])
         os.kill(run_pid, signal.SIGKILL)  # kill -9 the run itself; unshare reaps it, then exits
@@ -497,7 +498,7 @@ def test_the_resume_command_of_a_killed_alias_run_keeps_its_options_and_switches
                               "--batch-size", "20", "--pause", "1.0", "--json"],
                              cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        assert "done" in json.loads(child.stdout.readline() or "{}")  # a batch is written and checkpointed
+        assert "done" in json.loads(read_line(child) or "{}")  # a batch is written and checkpointed
     finally:
         child.kill()
         err = child.communicate(timeout=60)[1]

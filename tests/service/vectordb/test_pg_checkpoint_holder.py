@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+from _servers import read_line
 
 from service.ops.vectordb import checkpoint_status
 from service.vectordb import MigrationRunningError, PgCheckpoint
@@ -67,12 +68,16 @@ def test_the_status_of_a_postgresql_checkpoint_says_running_while_its_run_lives_
     advisory lock it holds: ``running`` (the holder's pid) while it runs, ``interrupted`` ("process N is gone") once
     it was killed with ``kill -9`` (which records no stop)."""
     pytest.importorskip("qdrant_client")
-    child = subprocess.Popen([sys.executable, "-c", _RUN.format(tests=str(ROOT / "tests"), qd=str(tmp_path / "qd"),
-                                                                url=pg_url)],
-                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    ck = PgCheckpoint(pg_url, "src->dst")
+    err = tmp_path / "child.err"
+    with err.open("w") as err_file:
+        child = subprocess.Popen([sys.executable, "-c", _RUN.format(tests=str(ROOT / "tests"), qd=str(tmp_path / "qd"),
+                                                                    url=pg_url)],
+                                 cwd=ROOT, stdout=subprocess.PIPE, stderr=err_file, text=True)
+    ck = None
     try:
-        assert int(child.stdout.readline() or 0) > 0, child.stderr.read()  # a batch written and checkpointed
+        ck = PgCheckpoint(pg_url, "src->dst")
+        first = read_line(child)
+        assert int(first or 0) > 0, err.read_text()  # a batch written and checkpointed
         live = checkpoint_status(ck)
         assert live["state"] == "running" and live["why"] is None and live["holder"]["pid"] == child.pid, live
         assert live["checkpoint"] == "src->dst in vecbridge_migrations" and live["resume"] is None, live
@@ -86,7 +91,9 @@ def test_the_status_of_a_postgresql_checkpoint_says_running_while_its_run_lives_
         assert 0 < st["done"] < 200 and st["eta_s"] is None, st
     finally:
         child.kill()
-        ck.close()
+        child.wait(timeout=30)
+        if ck is not None:
+            ck.close()
 
 
 def test_a_run_recorded_by_another_host_is_judged_by_the_databases_lock(pg_url):

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from _api_support import W, settings_for
 from _jobs_support import wait_http_job
-from _servers import seed_registry
+from _servers import read_line, seed_registry
 
 from service.ops.vectordb import checkpoint_status, default_checkpoint, run_migration
 from service.registry import open_registry
@@ -180,7 +180,7 @@ def test_the_printed_resume_command_of_a_run_on_another_registry_resumes_it_ther
                               "--batch-size", "20", "--pause", "1.0", "--json"], cwd=world["tmp"], env=env,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        assert "done" in json.loads(child.stdout.readline() or "{}")  # a batch is written and checkpointed
+        assert "done" in json.loads(read_line(child) or "{}")  # a batch is written and checkpointed
         child.send_signal(signal.SIGTERM)  # stops after the batch in flight
         _, err = child.communicate(timeout=60)
     finally:
