@@ -8,7 +8,6 @@ import asyncio
 import contextlib
 import json
 import os
-import signal
 import sys
 import threading
 import time
@@ -17,7 +16,7 @@ from urllib.parse import urlsplit
 import httpx
 import pytest
 from _api_support import R, W
-from _servers import damage_page, env_for, free_port, seed_registry, start
+from _servers import damage_page, env_for, free_port, seed_registry, start, stop
 from conftest import logged
 
 pytest.importorskip("psycopg")
@@ -82,8 +81,8 @@ def test_a_registry_down_at_start_up_leaves_the_service_up_and_saying_why(tmp_pa
         assert maps.status_code == 503 and "readyz" in maps.json()["error"]["message"]
         assert httpx.get(f"{url}/healthz", timeout=30).status_code == 200
     finally:
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(30) == 0
+        stop(proc, 30)  # SIGTERM; SIGKILL after 30 s
+        assert proc.returncode == 0
     log = (tmp_path / "server.log").read_text()
     assert "registry unavailable, retrying" in log and "pw-8c1e" not in log
     assert f'server at \\"127.0.0.1\\", port {db_port}' in log  # the operator's log keeps where it is
@@ -159,8 +158,7 @@ def test_a_damaged_sqlite_registry_is_a_503_naming_it_and_readiness_says_so(tmp_
             assert f"{data / 'registry.sqlite'} is damaged" in message and "registry verify" in message, message
             assert "retry-after" not in r.headers, r.headers  # no retry mends a damaged file: clients raise at once
     finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(30)
+        stop(proc, 30)  # SIGTERM; SIGKILL after 30 s
 
 
 @pytest.mark.postgres
@@ -183,8 +181,7 @@ def test_readiness_recovers_when_the_registry_comes_back(tmp_path, pg_url):
         assert r.status_code == 201, r.text
         assert [s["name"] for s in httpx.get(f"{url}/v1/spaces", headers=R, timeout=30).json()["data"]] == ["after"]
     finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(30)
+        stop(proc, 30)  # SIGTERM; SIGKILL after 30 s
         db.close()
     assert "registry connected" in (tmp_path / "server.log").read_text()
 
@@ -247,8 +244,7 @@ def test_readiness_answers_in_time_and_holds_one_thread_while_the_registry_does_
             time.sleep(0.2)
     finally:
         db.held = False
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(30)
+        stop(proc, 30)  # SIGTERM; SIGKILL after 30 s
         db.close()
 
 
@@ -275,6 +271,7 @@ def test_a_request_stuck_behind_another_sessions_lock_is_a_503_after_the_stateme
     locker = psycopg.connect(pg_url)
     try:
         assert httpx.get(f"{url}/v1/maps/m/versions", headers=R, timeout=30).status_code == 200
+        locker.execute("SET lock_timeout = '10s'")  # an error, not a hang, if another session holds versions
         locker.execute("LOCK TABLE versions IN ACCESS EXCLUSIVE MODE")
         t0 = time.monotonic()
         r = httpx.put(f"{url}/v1/maps/m/aliases/prod", headers=W, json={"version": 1}, timeout=30)
@@ -291,8 +288,7 @@ def test_a_request_stuck_behind_another_sessions_lock_is_a_503_after_the_stateme
         assert r.status_code == 200, r.text
     finally:
         locker.close()
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(30)
+        stop(proc, 30)  # SIGTERM; SIGKILL after 30 s
     assert "Traceback" not in (tmp_path / "server.log").read_text()
 
 
@@ -330,8 +326,7 @@ def test_rows_added_while_the_registry_does_not_answer_say_they_went_in_unchecke
                            timeout=30)
             assert r.status_code == 200, r.text
     finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(30)
+        stop(proc, 30)  # SIGTERM; SIGKILL after 30 s
     lines = [json.loads(line) for line in (tmp_path / "server.log").read_text().splitlines()]
     [logged] = [x for x in lines if x["msg"] == "index add: rows check notes"]
     assert logged["level"] == "WARNING" and logged["index"] == "docs" and logged["notes"] == [note], logged

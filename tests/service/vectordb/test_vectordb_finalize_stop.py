@@ -33,9 +33,21 @@ def _until(what, child, timeout: float = 120.0):
         got = what()
         if got:
             return got
-        assert child.poll() is None, child.communicate()
+        assert child.poll() is None, child.communicate(timeout=60)
         time.sleep(0.02)
     raise AssertionError(f"not seen in {timeout}s")
+
+
+def _locks_wait(url: str) -> str:
+    """``url`` whose sessions wait at most 30 s for a lock (then fail): a drop or a LOCK TABLE that a leftover
+    session blocks ends the test with an error instead of hanging it."""
+    return url + ("&" if "?" in url else "?") + "options=-c%20lock_timeout%3D30s"
+
+
+def _drop(url: str, *tables: str) -> None:
+    with open_store(_locks_wait(url)) as s:
+        for t in tables:
+            s.drop(t)
 
 
 def _vector_indexes(conn, table: str) -> list[str]:
@@ -49,32 +61,35 @@ def test_a_stop_during_the_index_build_cancels_it_and_a_rerun_builds_it(pg_url, 
                                                                         word):
     X, m = small_migration()
     src, dst = f"fs_src_{code}", f"fs_dst_{code}"
+    _drop(pg_url, src, dst)
     with open_store(pg_url) as s:
-        for t in (src, dst):
-            s.drop(t)
         s.create(src, X.shape[1])
         s.upsert(src, np.arange(len(X)), X)
     m.save(tmp_path / "m.npz")
     cmd = [*_CLI, "--data-dir", str(tmp_path / "d"), "migrate", "--store", pg_url, "--source", src, "--target", dst,
            "--map", str(tmp_path / "m.npz"), "--index", "hnsw", "--checkpoint", str(tmp_path / "c.json"), "--quiet"]
-    locker = psycopg.connect(pg_url)  # a transaction holding the target: the index build waits for it
+    locker = psycopg.connect(_locks_wait(pg_url))  # a transaction holding the target: the index build waits for it
     watch = psycopg.connect(pg_url, autocommit=True)
     child = subprocess.Popen([*cmd, "--batch-size", "20", "--pause", "0.5"], cwd=ROOT, stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True)
     try:
-        _until(lambda: watch.execute("SELECT to_regclass(%s)", (dst,)).fetchone()[0], child)
-        locker.execute(f"LOCK TABLE {dst} IN ROW EXCLUSIVE MODE")  # rows still go in; the index cannot be built
-        _until(lambda: watch.execute("SELECT 1 FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE "
-                                     "'CREATE INDEX%%' AND query LIKE %s", (f"%{dst}%",)).fetchone(), child)
-        child.send_signal(sig)
         try:
-            child.wait(timeout=60)  # the old code waited on until the lock went, then exited 0
-        except subprocess.TimeoutExpired:
-            pass
-    finally:
-        locker.rollback()
-        locker.close()
-    out, err = child.communicate(timeout=120)
+            _until(lambda: watch.execute("SELECT to_regclass(%s)", (dst,)).fetchone()[0], child)
+            locker.execute(f"LOCK TABLE {dst} IN ROW EXCLUSIVE MODE")  # rows still go in; the index cannot be built
+            _until(lambda: watch.execute("SELECT 1 FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query "
+                                         "LIKE 'CREATE INDEX%%' AND query LIKE %s", (f"%{dst}%",)).fetchone(), child)
+            child.send_signal(sig)
+            try:
+                child.wait(timeout=60)  # the old code waited on until the lock went, then exited 0
+            except subprocess.TimeoutExpired:
+                pass
+        finally:
+            locker.rollback()
+            locker.close()
+        out, err = child.communicate(timeout=120)
+    finally:  # a failure above leaves no child migrating (and holding the tables) behind
+        child.kill()
+        child.wait(timeout=30)
     assert child.returncode == code, (child.returncode, out, err)
     assert "Traceback" not in err and f"vecbridge: {word}" in err and "building the index" in err, err
     assert "run the same command again" in err, err
@@ -82,9 +97,7 @@ def test_a_stop_during_the_index_build_cancels_it_and_a_rerun_builds_it(pg_url, 
     again = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300, check=False)
     assert again.returncode == 0 and f"migrated {len(X)} rows" in again.stdout, again.stderr
     assert len(_vector_indexes(watch, dst)) == 1, "the rerun builds the index"
-    with open_store(pg_url) as s:
-        for t in (src, dst):
-            s.drop(t)
+    _drop(pg_url, src, dst)
     watch.close()
 
 
@@ -99,12 +112,11 @@ def test_a_job_cancelled_during_the_index_build_cancels_it_and_the_same_request_
     from _servers import seeded_uvicorn
 
     dst = "fs_job_dst"
-    locker = psycopg.connect(pg_url)
+    locker = psycopg.connect(_locks_wait(pg_url))
     watch = psycopg.connect(pg_url, autocommit=True)
     with seeded_uvicorn(tmp_path, {"VECBRIDGE_VECTORDB_URL": pg_url}) as (base, (X, _, _m)):
+        _drop(pg_url, "fs_job_src", dst)
         with open_store(pg_url) as s:
-            for t in ("fs_job_src", dst):
-                s.drop(t)
             s.create("fs_job_src", X.shape[1])
             s.set_space("fs_job_src", "a")
             s.upsert("fs_job_src", np.arange(len(X)), X)
@@ -136,7 +148,5 @@ def test_a_job_cancelled_during_the_index_build_cancels_it_and_the_same_request_
             again = wait_http_job(c, c.post("/v1/migrations", json=body).json()["id"], timeout=300)
             assert again["state"] == "succeeded" and again["result"]["report"]["rows_this_run"] == 0, again
             assert len(_vector_indexes(watch, dst)) == 1, "the same request builds the index"
-    with open_store(pg_url) as s:
-        for t in ("fs_job_src", dst):
-            s.drop(t)
+    _drop(pg_url, "fs_job_src", dst)
     watch.close()
