@@ -3,6 +3,7 @@ request in flight, one process or ``--workers 2``; and its log as a collector re
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -307,8 +308,9 @@ def test_a_request_cut_by_a_second_ctrl_c_says_so_not_that_shutdown_timeout_s_ra
         proc.wait(30)
     finally:
         s.close()
-        if proc.poll() is None:
-            proc.kill()
+        with contextlib.suppress(ProcessLookupError):  # its own process group (setpgid above): the workers too
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(30)
     head, _, body = answer.partition(b"\r\n\r\n")
     assert head.split(b" ", 2)[1] == b"503", answer[:500]
     msg = json.loads(body)["error"]["message"]
