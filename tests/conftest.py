@@ -195,10 +195,10 @@ def pg_url():
     import psycopg
 
     name = f"vb_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(PG_URL, autocommit=True) as c:
+    with psycopg.connect(PG_URL, autocommit=True, connect_timeout=10) as c:
         c.execute(f'CREATE DATABASE "{name}"')
     yield PG_URL.rsplit("/", 1)[0] + "/" + name
-    with psycopg.connect(PG_URL, autocommit=True) as c:
+    with psycopg.connect(PG_URL, autocommit=True, connect_timeout=10) as c:
         c.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 

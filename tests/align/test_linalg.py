@@ -40,7 +40,7 @@ def test_concurrent_callers_cannot_leave_the_process_serial():
         S = rng.normal(size=(40, 40))
         S = S @ S.T
         try:
-            start.wait()
+            start.wait(timeout=60)  # a thread that never came breaks the barrier (reported below), no hang
             for _ in range(30):
                 w, V = linalg.eigh(S)
                 np.testing.assert_allclose((V * w) @ V.T, S, atol=1e-8)
@@ -51,7 +51,8 @@ def test_concurrent_callers_cannot_leave_the_process_serial():
     for t in threads:
         t.start()
     for t in threads:
-        t.join()
+        t.join(120)
+    assert not [t for t in threads if t.is_alive()], "a worker still runs after 120 s"
     assert not errors
     assert _blas_threads() == before
 

@@ -48,7 +48,8 @@ def _assign_during_first_apply(m, W2, x):
         m.W = W2
     finally:
         gate["assigned"].set()
-        t.join()
+        t.join(60)
+    assert not t.is_alive(), "the first apply still runs 60 s after W was assigned"
     assert got, "the first apply raised"
     return got[0]
 

@@ -34,7 +34,7 @@ def _serve_info(tmp_path, setting: str | None, extra_env: dict | None = None) ->
     finally:
         stop(proc)
     defaults = json.loads(subprocess.run([sys.executable, "-c", _DEFAULTS], env=env, cwd=ROOT, check=True,
-                                         capture_output=True, text=True).stdout)
+                                         capture_output=True, text=True, timeout=120).stdout)
     return info["native_threads"], defaults, info
 
 

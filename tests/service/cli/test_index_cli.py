@@ -456,7 +456,8 @@ def test_another_writer_is_not_held_while_a_multi_block_add_reads_its_file(world
             during.append(not writer.is_alive())
 
     ids = index_files.add_from_file(None, idx, index_files.FileRows(str(tmp / "big.npy")), progress=add_while_reading)
-    writer.join()
+    writer.join(60)
+    assert not writer.is_alive(), "the other writer's add still runs after 60 s"
     assert during == [True]  # the other writer's add finished while the file was being read
     assert ids.tolist() == list(range(11, 311))  # automatic ids drawn under the lock, after the other add's id 10
     again = IndexStore(data / "indexes").get("busy")

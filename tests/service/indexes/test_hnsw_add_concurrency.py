@@ -73,7 +73,8 @@ def _adding(idx, call):
     try:
         yield t, outcome, storage
     finally:
-        t.join()
+        t.join(120)
+        assert not t.is_alive(), "the add still runs after 120 s"
 
 
 def _search_while(idx, t, storage, Q, new_ids) -> list[Answer]:
@@ -185,10 +186,13 @@ def test_readers_waiting_for_a_writer_go_in_before_its_next_turn():
     with lock.write():
         t = threading.Thread(target=reader)
         t.start()
-        while not _waiting(t):  # the reader waits for this writer
+        deadline = time.monotonic() + 10
+        while t.is_alive() and not _waiting(t):  # the reader waits for this writer (ended: it did not wait)
+            assert time.monotonic() < deadline, "the reader neither waited for the writer nor ended within 10 s"
             time.sleep(0.0005)
         order.append("chunk 1")
     with lock.write():  # at once: the writer's next chunk
         order.append("chunk 2")
-    t.join()
+    t.join(30)
+    assert not t.is_alive(), "the reader still waits 30 s after the writer's last chunk"
     assert order == ["chunk 1", "read", "chunk 2"]

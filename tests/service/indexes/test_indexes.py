@@ -402,7 +402,8 @@ def test_rwlock_writer_excludes_readers():
 
     ts = [threading.Thread(target=reader) for _ in range(4)] + [threading.Thread(target=writer) for _ in range(2)]
     [t.start() for t in ts]
-    [t.join() for t in ts]
+    [t.join(120) for t in ts]
+    assert not [t for t in ts if t.is_alive()], "a thread still runs after 120 s"
     assert inside["bad"] == 0
 
 
@@ -428,7 +429,8 @@ def test_concurrent_search_during_writes(data):
 
     ts = [threading.Thread(target=searcher) for _ in range(3)] + [threading.Thread(target=writer)]
     [t.start() for t in ts]
-    [t.join() for t in ts]
+    [t.join(120) for t in ts]
+    assert not [t for t in ts if t.is_alive()], "a thread still runs after 120 s"
     assert not errors
     assert idx.count == 2000 - 100
     S, I = idx.search(Q, 3, exact=True)
@@ -676,7 +678,8 @@ def test_a_killed_create_leaves_nothing_once_swept_and_a_live_one_is_kept(tmp_pa
     import sys
 
     for _ in range(2):  # each create removes what the killed ones before it left (a CLI never runs sweep())
-        r = subprocess.run([sys.executable, "-c", _KILLED_CREATE, str(tmp_path)], capture_output=True, check=False)
+        r = subprocess.run([sys.executable, "-c", _KILLED_CREATE, str(tmp_path)], capture_output=True, check=False,
+                           timeout=120)
         assert r.returncode == -9, r.stderr
         left = [d for d in tmp_path.iterdir() if d.name.startswith(".create-")]
         assert len(left) == 1 and any(left[0].glob("index.*.faiss"))
@@ -703,11 +706,13 @@ def test_a_killed_create_leaves_nothing_once_swept_and_a_live_one_is_kept(tmp_pa
             [d.name for d in tmp_path.iterdir() if d.name.startswith(".create-live-")]  # the dead one removed
     finally:
         go.set()
-        t.join()
+        t.join(60)
+    assert not t.is_alive(), "the create still runs 60 s after it was let go on"
     assert IndexStore(tmp_path).get("live").count == 10
     assert not [d for d in tmp_path.iterdir() if d.name.startswith(".create-")]
     assert not (tmp_path / "live" / ".creating").exists()
-    r = subprocess.run([sys.executable, "-c", _KILLED_CREATE, str(tmp_path)], capture_output=True, check=False)
+    r = subprocess.run([sys.executable, "-c", _KILLED_CREATE, str(tmp_path)], capture_output=True, check=False,
+                       timeout=120)
     assert r.returncode == -9 and len(list(tmp_path.glob(".create-*"))) == 1
     IndexStore(tmp_path).create("other", "s", np.ones((10, 8), np.float32))
     assert not list(tmp_path.glob(".create-*"))
@@ -715,7 +720,8 @@ def test_a_killed_create_leaves_nothing_once_swept_and_a_live_one_is_kept(tmp_pa
     at_rename = _KILLED_CREATE.replace("SpaceIndex.save = save_then_die", (
         "rename = os.rename\nos.rename = lambda a, b: os.kill(os.getpid(), signal.SIGKILL) "
         "if Path(a).name.startswith('.create-') else rename(a, b)"))
-    r = subprocess.run([sys.executable, "-c", at_rename, str(tmp_path)], capture_output=True, check=False)
+    r = subprocess.run([sys.executable, "-c", at_rename, str(tmp_path)], capture_output=True, check=False,
+                       timeout=120)
     assert r.returncode == -9 and len(list(tmp_path.glob(".create-*"))) == 1, r.stderr
     IndexStore(tmp_path).create("third", "s", np.ones((10, 8), np.float32))
     assert not list(tmp_path.glob(".create-*"))

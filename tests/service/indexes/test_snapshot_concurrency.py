@@ -82,7 +82,8 @@ def test_a_search_answers_while_an_add_writes_a_snapshot(tmp_path, monkeypatch, 
         assert idx.count == OLD
     finally:
         go.set()
-        adder.join()
+        adder.join(120)
+    assert not adder.is_alive(), "the add still runs 120 s after it was let go on"
     assert "error" not in out, out
     X, ids = np.concatenate([X0, X1]), np.arange(OLD + NEW)
     truth = _truth(X, ids, Q, 3)
@@ -120,7 +121,8 @@ def test_a_search_does_not_wait_for_the_writers_tail_after_its_commit(tmp_path, 
         assert (found["value"][1] == _truth(X0, np.arange(OLD), Q, 3)).all()
     finally:
         go.set()
-        adder.join()
+        adder.join(120)
+    assert not adder.is_alive(), "the add still runs 120 s after it was let go on"
     assert "error" not in out, out
     assert idx.count == OLD + NEW
 
@@ -142,7 +144,8 @@ def test_a_search_answers_while_a_delete_writes_a_snapshot(tmp_path, monkeypatch
         assert deleter.is_alive()
     finally:
         go.set()
-        deleter.join()
+        deleter.join(120)
+    assert not deleter.is_alive(), "the delete still runs 120 s after it was let go on"
     assert out == {"value": 3000}
     live = np.arange(3000, 8000)
     truth = _truth(X0[live], live, Q, 3)

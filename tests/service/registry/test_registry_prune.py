@@ -7,6 +7,7 @@ PostgreSQL."""
 from __future__ import annotations
 
 import json
+import time
 
 import numpy as np
 import pytest
@@ -231,13 +232,16 @@ def test_an_alias_set_while_a_prune_runs_never_lands_on_a_version_it_deletes(reg
         th = threading.Thread(target=set_canary)
         th.start()
         hook.thread = th
+        deadline = time.monotonic() + 60
         while reg.backend == "postgresql" and th.is_alive() and not waiting():
+            assert time.monotonic() < deadline, "the alias write neither waited on a lock nor ended within 60 s"
             th.join(0.01)
 
     monkeypatch.setattr(core, "FAULT_HOOK", hook)
     res = prune_versions(reg, "maps", ["a"], keep_last=1)
     monkeypatch.setattr(core, "FAULT_HOOK", None)
-    hook.thread.join()
+    hook.thread.join(60)
+    assert not hook.thread.is_alive(), "the alias write still runs 60 s after the prune"
     other.close()
     assert res["deleted"] == ["a:1", "a:2"] and len(got) == 1
     assert isinstance(got[0], ConflictError) and "deleted version 1" in str(got[0])

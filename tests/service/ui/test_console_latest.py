@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 
 import httpx
 import numpy as np
@@ -93,15 +94,20 @@ class Gate:
         else:
             route.continue_()
 
-    def wait_held(self, n: int) -> None:
+    def wait_held(self, n: int, timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
         while len(self.held) < n:
+            assert time.monotonic() < deadline, f"{len(self.held)} of {n} searches held after {timeout} s"
             self.page.wait_for_timeout(20)  # lets Playwright deliver the route events; no state is assumed
 
-    def release(self) -> None:
+    def release(self, timeout: float = 60.0) -> None:
         for r in self.held:
             with contextlib.suppress(Exception):  # the page gave it up (aborted): nothing to continue
                 r.continue_()
+        deadline = time.monotonic() + timeout
         while not all(r.request in self.ended for r in self.held):
+            ended = sum(r.request in self.ended for r in self.held)
+            assert time.monotonic() < deadline, f"{ended} of {len(self.held)} released searches ended after {timeout} s"
             self.page.wait_for_timeout(20)
         # the page handled what arrived: a request made after those ended is answered after them
         self.page.evaluate("async () => { await fetch(location.href); await new Promise(r => setTimeout(r)); }")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from _servers import read_line
 from _vectordb_servers import qdrant_local, small_migration  # noqa: F401  (fixture)
 from _vectordb_servers import uuids as _uuids
 
@@ -139,7 +140,8 @@ def test_stores_of_one_local_folder_share_its_client_and_another_process_is_one_
     for t in threads:
         t.start()
     for t in threads:
-        t.join()
+        t.join(120)
+    assert not [t for t in threads if t.is_alive()], "a writer still runs after 120 s"
     assert errors == [] and b.count("shared") == 100
     a.close()
     a.close()  # twice: nothing more
@@ -150,7 +152,7 @@ def test_stores_of_one_local_folder_share_its_client_and_another_process_is_one_
             f"s = open_store('qdrant://{tmp_path}/q'); print('open', flush=True); sys.stdin.read(); s.close()")
     holder = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
-        assert holder.stdout.readline().strip() == "open"  # the folder was free: the last close released it
+        assert read_line(holder).strip() == "open"  # the folder was free: the last close released it
         with pytest.raises(VectorDBError, match="open in another process.*one process at a time"):
             open_store(f"qdrant://{tmp_path}/q")
     finally:
