@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import socket
 import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import numpy as np
@@ -118,3 +119,19 @@ def post_and_leave(base: str, gate, head: str, headers: dict, body: bytes, *, wa
         assert gate.limiter.borrowed_tokens == 1, f"{head}: the work never started on the compute threads"
         time.sleep(0.5)
     return time.monotonic()
+
+
+def walk_pages(fetch: Callable[[str | None], dict], cursor: str | None = None,
+               max_pages: int = 1000) -> Iterator[dict]:
+    """Each page ``fetch(cursor)`` answers, from ``cursor`` on (None: the first page), following its ``"next"``
+    until that is None. A cursor given twice (a walk that makes no progress) or more than ``max_pages`` pages is an
+    AssertionError, never an endless walk."""
+    seen = set()
+    for _ in range(max_pages):
+        page = fetch(cursor)
+        yield page
+        if (cursor := page["next"]) is None:
+            return
+        assert cursor not in seen, f"the cursor {cursor!r} came twice: the walk goes round"
+        seen.add(cursor)
+    raise AssertionError(f"more than {max_pages} pages")

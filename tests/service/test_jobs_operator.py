@@ -12,8 +12,8 @@ from pathlib import Path
 
 import httpx
 import pytest
-from _api_support import R, W, planted
-from _servers import env_for, free_port, seed_registry, start, stop
+from _api_support import R, W, planted, walk_pages
+from _servers import env_for, free_port, read_line, seed_registry, start, stop
 
 HOLD_LOCK = textwrap.dedent("""
     import sqlite3, sys, time
@@ -53,7 +53,7 @@ def test_a_locked_job_store_neither_stalls_the_server_nor_answers_500(server):
     holder = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, str(data / "jobs.sqlite"), "60"],  # killed below
                               stdout=subprocess.PIPE, text=True)
     try:
-        assert holder.stdout.readline().strip() == "locked"
+        assert read_line(holder).strip() == "locked"
         answer = {}
         post = threading.Thread(target=lambda: answer.update(r=httpx.post(f"{url}/v1/fits", headers=W, json=body,
                                                                           timeout=60)))
@@ -88,14 +88,10 @@ def test_pages_of_the_job_list_reach_every_stored_job(server):
         assert store.insert(job) is None
         ids.append(job.id)
     store.close()
-    seen, cursor = [], None
-    while True:
-        page = httpx.get(f"{url}/v1/jobs", headers=R, params={"limit": 100, **({"cursor": cursor} if cursor else {})},
-                         timeout=60).json()
+    seen = []
+    for page in walk_pages(lambda cursor: httpx.get(f"{url}/v1/jobs", headers=R, timeout=60, params={
+            "limit": 100, **({"cursor": cursor} if cursor else {})}).json()):
         seen += [j["id"] for j in page["data"]]
-        cursor = page["next"]
-        if cursor is None:
-            break
     assert page["counts"]["succeeded"] == 1200
     assert seen == ids  # every job once, oldest first
     newest = httpx.get(f"{url}/v1/jobs", headers=R, timeout=60).json()
@@ -130,10 +126,8 @@ def test_the_newest_jobs_and_those_that_may_change_are_asked_for_without_the_who
     newest = [j.id for j in reversed(made)]
     got, page = ids(order="newest", limit=20)
     assert got == newest[:20] and page["counts"]["succeeded"] + page["counts"]["running"] == 240
-    seen, cursor = got, page["next"]
-    while cursor is not None:  # the newest-first pages walk back to the oldest job, each once
-        got, page = ids(order="newest", limit=50, cursor=cursor)
-        seen, cursor = seen + got, page["next"]
+    rest = walk_pages(lambda cursor: ids(order="newest", limit=50, cursor=cursor)[1], page["next"])
+    seen = got + [j["id"] for p in rest for j in p["data"]]  # the newest-first pages walk back to the oldest, each once
     assert seen == newest
     assert ids(order="newest")[0] == newest  # no limit: the newest 1000 in one page, in the order asked for
     from service.client import Client

@@ -17,7 +17,7 @@ import time
 import uuid
 from pathlib import Path
 
-from _api_support import R, W, planted, populate, settings_for
+from _api_support import R, W, planted, populate, settings_for, walk_pages
 from _jobs_support import wait_http_job
 from fastapi.testclient import TestClient
 
@@ -102,15 +102,12 @@ def test_pages_walk_each_job_once_while_jobs_are_made_and_the_clock_steps_back(t
 
         start = make(30, time.time())
         for order in ("oldest", "newest"):
-            made, seen, cursor = list(start), [], None
-            while True:
-                got, page = _ids(c, order=order, limit=4, **({"cursor": cursor} if cursor else {}))
-                seen += got
-                cursor = page["next"]
-                if cursor is None:
-                    break
-                new = make(2, time.time() - DAY) + make(1, time.time() + DAY)
-                made += new
+            made, seen = list(start), []
+            for page in walk_pages(lambda cursor, order=order: _ids(c, order=order, limit=4,
+                                                                    **({"cursor": cursor} if cursor else {}))[1]):
+                seen += [j["id"] for j in page["data"]]
+                if page["next"] is not None:
+                    made += make(2, time.time() - DAY) + make(1, time.time() + DAY)
             assert len(seen) == len(set(seen)), "a job was sent twice"
             if order == "oldest":
                 assert seen == made  # every job once, in the order made: the new ones too, as the walk reached them

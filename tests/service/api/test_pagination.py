@@ -6,6 +6,8 @@ import pytest
 from hypothesis import given, strategies as st
 
 from align.exceptions import InputError
+from _api_support import walk_pages
+
 from service.api.pagination import PageParams, decode_cursor, encode_cursor, keyset_page, paginate
 
 keys = st.one_of(st.text(max_size=12), st.integers(-10**6, 10**6),
@@ -13,16 +15,18 @@ keys = st.one_of(st.text(max_size=12), st.integers(-10**6, 10**6),
 
 
 def walk(items, key, limit, between=None):
-    out, cursor = [], None
-    while True:
-        page = paginate(items, key, PageParams(limit=limit, cursor=cursor))
+    out = []
+
+    def fetch(cursor):
+        nonlocal items
+        if between and cursor is not None:  # between two pages
+            items = between(items, out)
+        return paginate(items, key, PageParams(limit=limit, cursor=cursor))
+
+    for page in walk_pages(fetch):
         assert limit is None or len(page["data"]) <= limit
         out += page["data"]
-        if page["next"] is None:
-            return out
-        cursor = page["next"]
-        if between:
-            items = between(items, out)
+    return out
 
 
 @given(st.data(), st.integers(1, 7))

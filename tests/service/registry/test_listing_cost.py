@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from _api_support import walk_pages
 
 import align
 from service.registry import open_registry
@@ -80,12 +81,9 @@ def test_http_map_pages_and_a_map_cost_the_same_at_any_size(tmp_path, statements
         grow(reg, 0, 10)
 
         def walk():
-            cursor, names = None, []
-            while True:
-                page = client.get("/v1/maps?limit=3" + (f"&cursor={cursor}" if cursor else ""), headers=h).json()
-                names += [m["name"] for m in page["data"]]
-                if not (cursor := page["next"]):
-                    return names
+            pages = walk_pages(lambda cursor: client.get("/v1/maps?limit=3" + (f"&cursor={cursor}" if cursor else ""),
+                                                         headers=h).json())
+            return [m["name"] for page in pages for m in page["data"]]
 
         calls = {"page": lambda: client.get("/v1/maps?limit=3", headers=h).raise_for_status(),
                  "map": lambda: client.get("/v1/maps/m004", headers=h).raise_for_status()}
