@@ -632,14 +632,15 @@ def test_heavy_synchronous_requests_beyond_the_limit_are_a_429_not_a_pileup(tmp_
 
             def plan():
                 with srv.client(R) as own:
-                    start.wait()  # all at once: each plan computes for ~0.1-1 s
+                    start.wait(timeout=60)  # all at once: each plan computes for ~0.1-1 s
                     answers.append(own.post("/v1/plans", content=raw, headers={"content-type": "application/json"}))
 
             threads = [threading.Thread(target=plan) for _ in range(8)]
             for t in threads:
                 t.start()
             for t in threads:
-                t.join()
+                t.join(120)
+            assert not [t for t in threads if t.is_alive()], "a plan still runs after 120 s"
             codes = sorted(r.status_code for r in answers)
             assert codes[0] == 200 and set(codes) == {200, 429}, codes
             busy = next(r for r in answers if r.status_code == 429)
@@ -725,13 +726,14 @@ def test_healthz_answers_while_a_heavy_request_runs(server):
     t = threading.Thread(target=heavy)
     t.start()
     with httpx.Client(base_url=srv.url, timeout=10) as c:
-        while not done.is_set():
+        while not done.is_set() and t.is_alive():  # ended without done: its searches raised (codes below)
             t0 = time.perf_counter()
             assert c.get("/healthz").status_code == 200
             lat.append(time.perf_counter() - t0)
             probing.set()
             time.sleep(0.01)
-    t.join()
+    t.join(30)
+    assert not t.is_alive() and len(codes) == 3, codes
     print(f"\n/healthz during heavy search: {len(lat)} probes, p50 {np.median(lat) * 1000:.1f} ms, "
           f"max {max(lat) * 1000:.1f} ms")
     assert codes == [200, 200, 200] and lat
