@@ -188,14 +188,13 @@ class FileCheckpoint(Checkpoint):
         another run holds it. Held for a moment only (:data:`PROBE_GRACE_S`: a status read's probe), it is asked
         again: a run started as ``--status`` looked was refused as if another run wrote, naming a dead one's pid."""
         deadline = time.monotonic() + PROBE_GRACE_S
-        tries = 0
+        gone = 0  # files locked and found no longer at the path
         while True:
-            tries += 1
             fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                if still_linked(fd, path) or tries >= 100:  # 100 files gone in a row: a file system whose stat
-                    return fd  # and fstat never agree (the check cannot be made there), not runs ending
+                if still_linked(fd, path) or gone >= 100:  # 100 in a row: a file system whose stat and fstat
+                    return fd  # never agree (the check cannot be made there), not runs ending
             except BlockingIOError:
                 holder = os.read(fd, 64).decode(errors="replace").strip() or "?"
                 os.close(fd)
@@ -209,6 +208,7 @@ class FileCheckpoint(Checkpoint):
                 os.close(fd)
                 raise
             os.close(fd)  # the run that held it ended and removed it after we opened it: take the one there now
+            gone += 1
 
     @property
     def lock_path(self) -> Path:
@@ -262,16 +262,18 @@ class PgCheckpoint(Checkpoint):
                               "updated_at timestamptz NOT NULL DEFAULT now())")
 
     def _connect(self):
-        """A connection with a connect timeout and, unless the URL sets options, the registry's ``statement_timeout``
-        (a read or write behind another session's lock on the table waited as long as that lasted)."""
+        """A connection with a connect timeout and, where the session has no ``statement_timeout`` of its own (from
+        the URL, ``PGOPTIONS``, a service file, the role or database), the registry's 30 s: a read or write behind
+        another session's lock on the table waited as long as that lasted. Set by ``SET`` after connecting, so
+        the options the connection was given (a ``search_path``) are left as they were."""
         import psycopg
 
         from ..registry.db import PG_STATEMENT_TIMEOUT_S, statement_timeout_ms
 
-        kw = pg_connect_options(self.url)
-        if "options" not in self.url:  # the URL's own options (a search_path, a timeout) are left as given
-            kw["options"] = f"-c statement_timeout={statement_timeout_ms(PG_STATEMENT_TIMEOUT_S)}"
-        return psycopg.connect(self.url, autocommit=True, **kw)
+        conn = psycopg.connect(self.url, autocommit=True, **pg_connect_options(self.url))
+        if conn.execute("SHOW statement_timeout").fetchone()[0] == "0":
+            conn.execute(f"SET statement_timeout = {statement_timeout_ms(PG_STATEMENT_TIMEOUT_S)}")
+        return conn
 
     def load(self):
         r = self.conn.execute(f"SELECT state FROM {self.table} WHERE key = %s", (self.key,)).fetchone()

@@ -567,7 +567,7 @@ class PgVectorStore(VectorStore):
         """Cancel the statement running (the index build a Ctrl-C during ``migrate``'s finalize ran to its end, exit
         0): it raises QueryCanceled, and the index, built in one statement, is not left half-made. At most 5 s:
         ``cancel()`` blocks, holding the GIL, for as long as a server that stopped answering keeps it (the whole
-        process froze, its HTTP server too); ``cancel_safe`` (psycopg 3.2) gives up."""
+        process froze, its HTTP server too); ``cancel_safe`` (psycopg 3.2, libpq 17: the binary wheel's) gives up."""
         with contextlib.suppress(Exception):  # a connection already gone: its statement is not running either
             cancel_safe = getattr(self.conn, "cancel_safe", None)
             cancel_safe(timeout=5) if cancel_safe is not None else self.conn.cancel()

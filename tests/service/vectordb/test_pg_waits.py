@@ -47,13 +47,16 @@ def test_runs_making_the_checkpoint_table_at_once_all_open_it(pg_url):
 
 
 @pytest.mark.postgres
-def test_a_checkpoint_connection_waits_for_a_lock_no_longer_than_the_registrys_statement_timeout(pg_url):
+def test_a_checkpoint_connection_waits_for_a_lock_no_longer_than_the_registrys_statement_timeout(pg_url, monkeypatch):
     """A checkpoint's read or write behind another session's lock on its table waited as long as that lasted;
-    its connections now carry the registry's ``statement_timeout`` (30 s), unless the URL gives options."""
+    its connections now carry the registry's ``statement_timeout`` (30 s) where the session has none of its own.
+    Set after connecting: the options the connection was given (``PGOPTIONS``'s ``search_path``, a review's find:
+    passed as a keyword, the limit replaced them and the checkpoint went to another schema) are kept."""
     ck = PgCheckpoint(pg_url, "a->b")
     try:
         assert ck.conn.execute("SHOW statement_timeout").fetchone()[0] == "30s"
         assert int(ck.conn.info.get_parameters()["connect_timeout"]) == 10
+        ck.conn.execute("CREATE SCHEMA mig")
     finally:
         ck.close()
     own = PgCheckpoint(pg_url + "?options=-c%20statement_timeout%3D5s", "a->b")
@@ -61,6 +64,16 @@ def test_a_checkpoint_connection_waits_for_a_lock_no_longer_than_the_registrys_s
         assert own.conn.execute("SHOW statement_timeout").fetchone()[0] == "5s"  # the URL's, left as given
     finally:
         own.close()
+    monkeypatch.setenv("PGOPTIONS", "-c search_path=mig")
+    monkeypatch.setenv("PGCONNECT_TIMEOUT", "7")
+    env = PgCheckpoint(pg_url, "a->b")
+    try:
+        env.save({"done": 2})
+        assert env.conn.execute("SELECT to_regclass('mig.vecbridge_migrations') IS NOT NULL").fetchone()[0]
+        assert env.conn.execute("SHOW statement_timeout").fetchone()[0] == "30s"
+        assert env.conn.info.get_parameters()["connect_timeout"] == "7"  # PGCONNECT_TIMEOUT's, left to libpq
+    finally:
+        env.close()
 
 
 def test_a_database_host_that_never_answers_is_an_error_after_the_connect_timeout(monkeypatch):
