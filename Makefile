@@ -30,10 +30,12 @@ run: install
 
 # Test files run in TEST_WORKERS processes (pytest-xdist), each file whole in one of them, so a file's module
 # fixtures (servers, fitted maps) are built once; most tests wait on servers and subprocesses, so two processes on
-# two cores take ~0.65 of the serial time. TEST_WORKERS=0 runs the suite in this one process.
+# two cores take ~0.65 of the serial time. TEST_WORKERS=0 runs the suite in this one process. A worker that crashes
+# (or is ended stuck in C code: tests/conftest.py) is not replaced: a replacement ran the same test again, up to 8
+# times, each hang costing its whole timeout; the other worker runs the rest.
 TEST_WORKERS ?= 2
 test: install-dev
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --max-worker-restart 0
 
 bench: install
 	$(PY) benchmarks/bench_align.py

@@ -4,6 +4,7 @@ PostgreSQL database (``pg_url``) and a registry URL on each backend (``registry_
 from __future__ import annotations
 
 import contextlib
+import faulthandler
 import logging
 import os
 import uuid
@@ -248,7 +249,7 @@ def run_threads():
 
 def pytest_collection_modifyitems(config, items):
     """``@pytest.mark.slow`` tests are opt-in: ``pytest -m slow`` or ``VECBRIDGE_RUN_SLOW=1``; they get an hour
-    before pytest-timeout stops them, not the suite's 10 min (``timeout`` in pyproject.toml)."""
+    before pytest-timeout stops them, not the suite's 15 min (``timeout`` in pyproject.toml)."""
     for item in items:
         if "slow" in item.keywords and item.get_closest_marker("timeout") is None:
             item.add_marker(pytest.mark.timeout(3600))
@@ -258,3 +259,28 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "slow" in item.keywords:
             item.add_marker(skip)
+
+
+_STDERR: list[int] = []  # this process's stderr as pytest found it (not the capture): where a hung worker's stacks go
+
+
+def pytest_configure(config):
+    _STDERR.append(os.dup(2))  # as pytest's faulthandler plugin does, at configure time
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """A test stuck in C code (a lock inside a native library, as OpenBLAS's fork handler was) never returns to
+    Python, so pytest-timeout's signal cannot fail it, and CI hung to its own limit saying nothing. A minute after
+    the test's timeout, faulthandler's thread (no GIL needed) prints every thread's stack and ends this worker:
+    xdist reports it crashed while running that test, and does not run it again (``--max-worker-restart 0``,
+    Makefile)."""
+    marker = item.get_closest_marker("timeout")
+    limit = float(marker.args[0]) if marker is not None and marker.args else float(item.config.getini("timeout") or 0)
+    if limit > 0:
+        faulthandler.dump_traceback_later(limit + 60, exit=True, file=_STDERR[0])
+    try:
+        yield
+    finally:
+        if limit > 0:
+            faulthandler.cancel_dump_traceback_later()
