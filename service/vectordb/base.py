@@ -54,6 +54,14 @@ from .. import spaces
 from ..errors import ConflictError, NotFoundError, shown
 from ..urls import redact, safe_url
 
+__all__ = [
+    "Batch", "VectorStore", "VectorDBError", "VectorDBUnavailableError", "CollectionNotFoundError",
+    "CollectionExistsError", "CheckpointMismatchError", "MigrationRunningError", "SpaceMismatchError",
+    "UnsupportedFieldError", "BadNameError",
+    "check_name", "as_ids", "id_key",
+    "check_fields", "check_metric", "METRICS", "MISSING", "safe_url", "redact", "check_ca_file", "tls_context",
+]
+
 
 def pg_connect_options(url: str) -> dict:
     """``connect_timeout`` for ``psycopg.connect`` (the registry's :data:`~service.registry.db.PG_CONNECT_TIMEOUT_S`)
@@ -72,13 +80,6 @@ def pg_connect_options(url: str) -> dict:
         return {}
     return {"connect_timeout": PG_CONNECT_TIMEOUT_S}
 
-__all__ = [
-    "Batch", "VectorStore", "VectorDBError", "VectorDBUnavailableError", "CollectionNotFoundError",
-    "CollectionExistsError", "CheckpointMismatchError", "MigrationRunningError", "SpaceMismatchError",
-    "UnsupportedFieldError", "BadNameError",
-    "check_name", "as_ids", "id_key",
-    "check_fields", "check_metric", "METRICS", "MISSING", "safe_url", "redact", "check_ca_file", "tls_context",
-]
 
 METRICS = ("cosine", "ip")
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
