@@ -15,30 +15,20 @@ from service.vectordb import PgCheckpoint
 psycopg = pytest.importorskip("psycopg")
 
 
-
 @pytest.mark.postgres
-def test_runs_making_the_checkpoint_table_at_once_all_open_it(pg_url):
+def test_runs_making_the_checkpoint_table_at_once_all_open_it(pg_url, run_threads):
     """``CREATE TABLE IF NOT EXISTS`` in two sessions at once raised UniqueViolation (``pg_type``) in one of them:
     a migration and its ``--status``, or two migrations started together on a new table, failed. Eight at once,
-    five new tables: every one opens, and the table is there once."""
+    five new tables: every one opens (the first error is raised), and the table is there once."""
     for _ in range(5):
-        table = f"ck_{uuid.uuid4().hex[:10]}"
-        start, opened, errors = threading.Barrier(8), [], []
+        table, start = f"ck_{uuid.uuid4().hex[:10]}", threading.Barrier(8)
 
-        def run(i, table=table, start=start, opened=opened, errors=errors):
+        def open_at_once(i, table=table, start=start):
             start.wait(30)
-            try:
-                opened.append(PgCheckpoint(pg_url, f"m{i}", table=table))
-            except Exception as exc:  # noqa: BLE001 - every outcome is checked below
-                errors.append(exc)
+            return PgCheckpoint(pg_url, f"m{i}", table=table)
 
-        threads = [threading.Thread(target=run, args=(i,)) for i in range(8)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(60)
+        opened = run_threads(open_at_once, 8)
         try:
-            assert not errors and len(opened) == 8, errors
             opened[0].save({"done": 1})
             assert opened[0].load() == {"done": 1}
         finally:
