@@ -38,6 +38,7 @@ import traceback
 import uuid
 from collections import Counter, OrderedDict
 from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import wait as wait_futures
 from dataclasses import replace
 from typing import Callable
 
@@ -72,6 +73,8 @@ __all__ = ["Job", "JobContext", "JobManager", "JobStore", "Cancelled", "QueueFul
 _SHUT_DOWN = {**INTERRUPTED, "message": "interrupted: the process serving this job shut down before it finished; "
                                        + FIT_ADVICE}
 _NOT_STARTED = {"type": "JobCancelled", "message": "cancelled before it started"}
+#: seconds ``JobManager.shutdown(wait=True)`` waits for running jobs to stop at their cancel, by default
+SHUTDOWN_WAIT = 60.0
 
 
 def _interrupted_in(job: Job) -> dict:
@@ -151,6 +154,7 @@ class JobManager:
         self._joining_by: Counter[str] = Counter()  # _joining, per owner
         self._seq = itertools.count(1)  # the order of this process's jobs without a store (Job.seq)
         self._wakes: dict[str, threading.Event] = {}  # running job id -> its context's wake (set on a cancel)
+        self._futures: set = set()  # the pool's futures not done yet: what shutdown(wait=True) waits for
 
     def open(self) -> int:
         """Claim this process's owner lock, fail the unfinished jobs of dead processes, trim old records.
@@ -361,7 +365,9 @@ class JobManager:
             raise IdempotencyConflictError(
                 f"Idempotency-Key {idempotency_key!r} was used for a different request (job {first.id})")
         self._count("queued")
-        self._pool.submit(self._run, job, fn)
+        future = self._pool.submit(self._run, job, fn)
+        self._futures.add(future)
+        future.add_done_callback(self._futures.discard)
         return job, True
 
     def cancel(self, job_id: str) -> Job:
@@ -404,12 +410,15 @@ class JobManager:
                 _log.warning("job cancel not written", extra={"fields": {"job_id": job.id, "error": repr(exc)}})
         return job
 
-    def shutdown(self, wait: bool = False) -> None:
+    def shutdown(self, wait: bool = False, timeout: float | None = SHUTDOWN_WAIT) -> None:
         """Stop taking jobs; ``wait=False`` (a server stopping): record this process's unfinished jobs interrupted
         now, as the process may be gone before their next progress report (one that ends still writes its end),
         their error naming the stage they were in. That is no cancel (``cancel_requested`` stays as a client left
         it: it said true after a restart though nobody had cancelled); a running job stops at its next report, which
-        sees the job ended. ``wait=True`` asks each job to cancel and waits for them.
+        sees the job ended. ``wait=True`` asks each job to cancel (a queued one is cancelled before it starts) and
+        waits for the running ones, at most ``timeout`` seconds (None: until they end). One still running then (its
+        work ignores the cancel: it reports no progress) is recorded interrupted as with ``wait=False`` and logged,
+        and shutdown returns: before, it waited for it with no limit, and a queued job stayed "queued" for ever.
 
         Either way, last, the final records whose write failed (the store locked or its disk full) are written
         again: only another job's write retried them, and with none to come the store said "running" and the next
@@ -421,16 +430,38 @@ class JobManager:
                 if wait:
                     j.cancel_requested = True
                 else:
-                    j.error = _interrupted_in(j)
-                    j.state, j.stage, j.finished_at = "failed", "interrupted", j.now()
-        for j in jobs if not wait else ():
+                    self._interrupt(j)
+        if wait:
+            self._pool.shutdown(wait=False, cancel_futures=True)  # the queued ones' futures never run
+            pending = wait_futures(set(self._futures), timeout).not_done
+            with self._lock:
+                late = [j for j in jobs if j.state not in TERMINAL]
+                for j in late:
+                    if j.state == "queued":
+                        j.state = j.stage = "cancelled"
+                        j.finished_at, j.error = j.now(), dict(_NOT_STARTED)
+                    else:
+                        self._interrupt(j)
+            stuck = [j.id for j in late if j.state == "failed"]
+            if stuck:
+                _log.warning("jobs still running at shutdown recorded interrupted", extra={"fields": {
+                    "jobs": stuck, "waited_seconds": timeout}})
+            jobs = late
+        for j in jobs:
             self._persist(j)
-        self._pool.shutdown(wait=wait, cancel_futures=True)
+        if not wait or not pending:  # (the threads of the jobs still running are left to end: not waited for)
+            self._pool.shutdown(wait=wait, cancel_futures=True)
         if self.store is not None:
             with self._writing:
                 self._retry_unsaved()
             if self._unsaved:
                 _log.warning("job records not written at shutdown", extra={"fields": {"jobs": sorted(self._unsaved)}})
+
+    @staticmethod
+    def _interrupt(job: Job) -> None:
+        """Record ``job`` interrupted by this process's shutdown (no cancel: see :meth:`shutdown`). Under the lock."""
+        job.error = _interrupted_in(job)
+        job.state, job.stage, job.finished_at = "failed", "interrupted", job.now()
 
     # --- internals --------------------------------------------------------------------------
     def _run(self, job: Job, fn) -> None:

@@ -17,6 +17,7 @@ import time
 import pytest
 
 from _jobs_support import slow_job, wait_job as wait
+from conftest import logged
 from _servers import read_line
 from service.jobs import (INTERRUPTED, TERMINAL, IdempotencyConflictError, JobManager, JobNotFoundError, JobStore,
                           QueueFullError)
@@ -549,3 +550,43 @@ def test_an_interrupted_migration_says_resubmitting_resumes_it_not_to_check_a_ma
     fit_said = fits.get(fit_id).error["message"]  # and it names how to tell whether the version was registered
     assert "may have registered its version" in fit_said and "GET /v1/maps/NAME/versions" in fit_said, fit_said
     fits.shutdown(wait=True)
+
+
+def test_a_shutdown_that_waits_gives_up_on_a_job_deaf_to_its_cancel_and_records_it(tmp_path):
+    """``shutdown(wait=True)`` waited with no limit for a job whose work never reports progress (so never sees its
+    cancel), and the job queued behind it stayed "queued" for ever. Now the wait ends at its ``timeout``: the job
+    still running is recorded interrupted (in memory, in the store a restart reads) and logged, the queued one
+    cancelled before it started; the deaf job's work, when it ends later, still writes its end."""
+    db = tmp_path / "jobs.sqlite"
+    mgr = JobManager(workers=1, max_queued=4, store=JobStore(db))
+    mgr.open()
+    reported, release = threading.Event(), threading.Event()
+
+    def deaf(ctx):  # one report, then work that reports nothing (a native call): it never sees a cancel
+        ctx.progress("fit", 0.4)
+        reported.set()
+        release.wait(600)
+        return {"done": 1}
+
+    try:
+        stuck, _ = mgr.submit(deaf, kind="fit")
+        assert reported.wait(10)
+        queued, _ = mgr.submit(lambda ctx: {}, kind="fit")
+        with logged("vecbridge.jobs") as seen:
+            mgr.shutdown(wait=True, timeout=0.5)
+        after_restart = JobManager(store=JobStore(db))
+        after_restart.open()
+        for j in (mgr.get(stuck.id), JobStore(db).get(stuck.id)[0], after_restart.get(stuck.id)):
+            assert (j.state, j.stage, j.error["type"]) == ("failed", "interrupted", "Interrupted"), j
+            assert j.error["message"].startswith("interrupted during 'fit' at 40%: the process serving this job "
+                                                 "shut down"), j.error
+        for j in (mgr.get(queued.id), after_restart.get(queued.id)):
+            assert (j.state, j.error["message"]) == ("cancelled", "cancelled before it started"), j
+        [line] = [r for r in seen if r.getMessage() == "jobs still running at shutdown recorded interrupted"]
+        assert line.fields["jobs"] == [stuck.id]
+        release.set()
+        assert wait(mgr.get, stuck.id, states=("succeeded",)).result == {"done": 1}
+        assert wait(lambda i: JobStore(db).get(i)[0], stuck.id, states=("succeeded",)).result == {"done": 1}
+        after_restart.shutdown(wait=True)
+    finally:
+        release.set()
