@@ -38,7 +38,8 @@ from align.exceptions import (
 
 from .base import CheckpointMismatchError, VectorStore, as_ids
 
-__all__ = ["KeepSet", "check_keep", "check_keep_resume", "keep_set", "read_keep_ids"]
+__all__ = ["KEEP_WORDS", "KeepSet", "check_keep", "check_keep_resume", "keep_set", "read_keep_ids",
+           "resume_words"]
 
 _INT = re.compile(r"[+-]?[0-9]+")
 
@@ -206,9 +207,23 @@ def keep_set(store: VectorStore, source: str, ids, vectors, dim: int) -> KeepSet
     return KeepSet(arr[order], vec[order])
 
 
-def check_keep_resume(state: dict | None, keep: KeepSet | None) -> None:
+#: how each face names the keep set and the run, for :func:`check_keep_resume`'s refusal: the CLI's flags, the HTTP
+#: request's field (``resume_words``)
+KEEP_WORDS = {"cli": ("--keep-ids / --keep-vectors", "this run"), "http": ("`keep`", "this request")}
+
+
+def resume_words(space_option: str) -> tuple[str, str]:
+    """:data:`KEEP_WORDS` of the face that declares a space with ``space_option`` (``--source-space``: the CLI;
+    ``source_space``: HTTP), as the checkpoint's own refusal tells the faces apart."""
+    return KEEP_WORDS["cli" if space_option.startswith("--") else "http"]
+
+
+def check_keep_resume(state: dict | None, keep: KeepSet | None, option: str = KEEP_WORDS["cli"][0],
+                      this: str = KEEP_WORDS["cli"][1]) -> None:
     """CheckpointMismatchError when ``state`` (a checkpoint) was written with another keep set than ``keep`` (or with
-    one, and this run keeps none, or the other way round): a resumed target would mix two sets."""
+    one, and this run keeps none, or the other way round): a resumed target would mix two sets. The message names
+    the set as the caller gives it (``option``: the CLI's flags, or the HTTP request's field) and the run ``this``
+    (:func:`resume_words`): over HTTP it named the CLI's flags, which a request never sends."""
     if state is None:
         return
     was, now = state.get("keep_digest"), None if keep is None else keep.digest
@@ -218,5 +233,5 @@ def check_keep_resume(state: dict | None, keep: KeepSet | None) -> None:
               else "keeping no re-embedded rows")
     after = f"keeps {len(keep)} (digest {now[:12]})" if keep is not None else "keeps none"
     raise CheckpointMismatchError(
-        f"the checkpoint was written {before}; this run {after}: a resumed target would hold two sets. Pass the same "
-        "--keep-ids / --keep-vectors (ids and vectors) to resume, or remove the checkpoint to start over")
+        f"the checkpoint was written {before}; {this} {after}: a resumed target would hold two sets. Give the same "
+        f"{option} (ids and vectors) to resume, or remove the checkpoint to start over")

@@ -65,7 +65,7 @@ from .base import (METRICS, CheckpointMismatchError, CollectionExistsError, Coll
 from ..spaces import SPACE_SAMPLE_ROWS, Reference, judge_rows
 from .checkpoint import Checkpoint, MemoryCheckpoint
 from .holder import this_process
-from .keep import KeepSet, check_keep_resume, keep_set
+from .keep import KeepSet, check_keep_resume, keep_set, resume_words
 
 __all__ = ["migrate", "resolve_map", "map_spaces", "is_artifact_path", "map_fingerprint", "MigrationProgress", "MigrationReport",
            "MigrationInterrupted"]
@@ -343,8 +343,8 @@ def migrate(store: VectorStore, source: str, target: str, map_, *, alias: str | 
         target, no checkpoint, no alias. The report's ``extra`` says what a run would do (``start``: create,
         drop (``overwrite``), resume or finished), ``rows_to_write``, and the sample's read and map times.
     space_option : str
-        How the caller declares ``source_space``, named in the space check's refusals and report
-        (``--source-space`` on the command line, ``source_space`` in an HTTP request).
+        How the caller declares ``source_space`` (``--source-space`` on the command line, ``source_space`` in an
+        HTTP request), named in the space check's refusals and report; a keep-set refusal uses that face's words.
     keep_ids, keep_vectors : array-like, optional
         Both or neither: the ids (K,) of rows re-embedded with the new model and their vectors (K, d_B), in the ids'
         order. Those rows get their own vectors instead of mapped ones (:mod:`service.vectordb.keep`: checked before
@@ -512,7 +512,7 @@ def _migrate(store: VectorStore, source: str, target: str, map_, *, alias, batch
     state = checkpoint.load()
     t0 = time.perf_counter()
     start = _start(store, state, source, target, fp, overwrite, label)
-    check_keep_resume(state, keep)
+    check_keep_resume(state, keep, *resume_words(space_option))
     if state is not None and state.get("nulls") != "kept" and state["last_id"] is not None:
         notes = [NULLS_DROPPED_BEFORE.format(last=state["last_id"])]
     src_metric = store.metric(source)

@@ -110,6 +110,33 @@ def test_a_refused_resume_over_http_names_the_requests_fields(world):
     assert "GET /v1/migrations" in msg, msg
 
 
+def test_a_resume_over_http_with_another_keep_set_is_refused_naming_the_requests_field(world):
+    """A migration started over HTTP with a ``keep`` set, stopped, then sent again with another set (or none): the
+    refusal said "Pass the same --keep-ids / --keep-vectors", flags an HTTP client never sends. It names the
+    request's ``keep`` field and "this request"; the CLI's refusal names its flags (test_vectordb_keep)."""
+    from fastapi.testclient import TestClient
+
+    from service.api.app import create_app
+
+    Y = np.random.default_rng(0).normal(size=(3, 16)).astype(np.float32)
+    with pytest.raises(MigrationInterrupted):
+        _migrate(world, default_checkpoint(world["data"], "src", "dst"), stop=True, keep_ids=[3, 50, 99],
+                 keep_vectors=Y, space_option="source_space")
+    body = {"source": "src", "target": "dst", "map": "a2b", "batch_size": 40}
+    with TestClient(create_app(settings_for(world["tmp"], vectordb_url=world["url"]))) as c:
+        msgs = []
+        for keep in ({"ids": [3, 50, 99], "vectors": (-Y).tolist()}, None):
+            r = c.post("/v1/migrations", json={**body, **({} if keep is None else {"keep": keep})}, headers=W)
+            assert r.status_code == 202, r.text
+            job = wait_http_job(c, r.json()["id"], headers=W)
+            assert job["state"] == "failed" and job["error"]["type"] == "CheckpointMismatchError", job
+            msgs.append(job["error"]["message"])
+    assert "keeping 3 re-embedded rows" in msgs[0] and "; this request keeps 3 (digest " in msgs[0], msgs
+    assert "; this request keeps none" in msgs[1], msgs
+    for msg in msgs:
+        assert "Give the same `keep` (ids and vectors) to resume" in msg and "--" not in msg, msg
+
+
 def test_the_registry_url_is_recorded_without_its_password_and_the_status_says_how_to_give_it(world):
     """A run on a registry with a password in its URL: the checkpoint records the URL as the project shows URLs
     (``user:***@host``), never the password, the resume command gives it to ``--registry-url``, and the status
