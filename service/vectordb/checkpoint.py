@@ -89,8 +89,9 @@ class FileCheckpoint(Checkpoint):
     that a resume must give again (``--alias``, ``--index``, the field names ...: ``migrate --status`` prints the
     command), saved as ``options`` with each state; None leaves the state's own."""
 
-    #: options a resume may give that the first run did not (every other recorded option must be given again as it was)
-    ADDABLE = frozenset({"alias", "index", "source_space", "target_space"})
+    #: options a resume may give that the first run did not (every other recorded option must be given again as it was;
+    #: not ``index``: an unset one means ``like``, and the run may have built that index before it stopped)
+    ADDABLE = frozenset({"alias", "source_space", "target_space"})
 
     def __init__(self, path, *, options: dict | None = None, json_fields: bool = False):
         self.path = Path(path)
@@ -123,7 +124,7 @@ class FileCheckpoint(Checkpoint):
         """CheckpointMismatchError when this run's options differ from the ones the checkpoint's run recorded (a
         review's find: a resume without the first run's ``--alias`` finished, said "finished", and never switched
         the alias; another ``--index`` built another index). What the first run left unset (:data:`ADDABLE`: an
-        alias, an index, a space declaration) a resume may add; the field names it may not change at all. Values
+        alias, a space declaration) a resume may add; the index and field names it may not change at all. Values
         are compared as they resolve (:attr:`defaults`): ``--index like`` recorded and a resume without ``--index``
         (whose default is ``like``) is no change. Where things are (the data dir, the registry) is not compared (one
         registry may be named by several paths). The refusal names CLI flags, or with ``json_fields`` the fields

@@ -87,6 +87,22 @@ def test_a_resume_giving_a_field_the_first_run_left_to_the_engine_is_refused_if_
     assert rep.rows == N and rep.resumed_from is not None, rep
 
 
+def test_a_resume_may_not_add_another_index_to_a_run_that_gave_none(world):
+    """No ``--index`` means ``like``, yet a run started without one resumed with ``--index hnsw`` (an unset option
+    could be added) while one started with ``--index like`` was refused the same change. The run may have built its
+    index already (stopped in its finalize; the checkpoint cannot tell), and another kind builds a second one: the
+    change is refused either way, naming it, the checkpoint untouched; ``--index like`` is no change."""
+    ck = world["tmp"] / "no_index.json"
+    with pytest.raises(MigrationInterrupted):
+        _migrate(world, ck, stop=True)
+    before = ck.read_text()
+    with pytest.raises(CheckpointMismatchError, match=r"--index None \(this run: 'hnsw'\)"):
+        _migrate(world, ck, index="hnsw")
+    assert ck.read_text() == before
+    rep = _migrate(world, ck, index="like", alias="live")  # what no --index means; an alias may still be added
+    assert rep.rows == N and rep.resumed_from is not None and rep.alias == "live", rep
+
+
 def test_a_refused_resume_over_http_names_the_requests_fields(world):
     """A resume whose options differ is refused (the job fails, CheckpointMismatchError: a conflict); over HTTP the
     message named the CLI's flags (``--alias 'live' (this run: None)``), which an HTTP client never sends. It names
