@@ -21,6 +21,7 @@ from pathlib import Path
 
 from align.exceptions import InputError
 
+from ..pgconn import operator_options, pg_connect_options
 from ..storage import OpenedFile, quick_check_findings, sqlite_connect, sqlite_damaged
 from ..urls import check_pg_userinfo, redact
 from .errors import (
@@ -395,9 +396,10 @@ PG_CONNECT_TIMEOUT_S = 10
 #: connection per thread, kept for the thread's life, took 130 sessions for 60 clients on 3 replicas x 2 workers
 PG_POOL_SIZE = 8
 
-#: Longest a statement may run or wait for a lock (``VECBRIDGE_REGISTRY_STATEMENT_TIMEOUT_S``; 0: no limit; an
-#: ``options=-c statement_timeout=...`` in the URL wins): a request behind another session's lock (a migration, an
-#: open psql transaction) is then a 503 instead of holding its thread for as long as the lock lasts
+#: Longest a statement may run or wait for a lock (``VECBRIDGE_REGISTRY_STATEMENT_TIMEOUT_S``; 0: no limit; a
+#: ``-c statement_timeout=...`` in the URL's options, a service file's or ``PGOPTIONS`` wins): a request behind
+#: another session's lock (a migration, an open psql transaction) is then a 503 instead of holding its thread for as
+#: long as the lock lasts
 PG_STATEMENT_TIMEOUT_S = 30.0
 
 
@@ -495,8 +497,8 @@ class PostgresDB(_Base):
             raise InvalidNameError(_UNPARSABLE) from None
         self._given = pg_conninfo(self.url)
         self.statement_timeout_s = PG_STATEMENT_TIMEOUT_S if statement_timeout_s is None else statement_timeout_s
-        if "statement_timeout" in (self._given.get("options") or ""):
-            self.statement_timeout_s = None  # the URL's own, left to the server
+        if "statement_timeout" in operator_options(self._given):
+            self.statement_timeout_s = None  # the URL's, a service file's or PGOPTIONS' own, left to the server
         wait = PG_STATEMENT_TIMEOUT_S if self.statement_timeout_s is None else self.statement_timeout_s
         self._pool = _Pool(self._connect, PG_POOL_SIZE if pool_size is None else pool_size,
                            wait or None)  # 0: no limit here too (the pool waited 30 s)
@@ -533,19 +535,11 @@ class PostgresDB(_Base):
     def _connect(self):
         import psycopg
 
-        kw: dict = {"autocommit": True}
-        given = self._given
-        options = [given["options"]] if given.get("options") else []
-        if self.schema:
-            options.append(f"-c search_path={self.schema}")
+        ours = [f"-c search_path={self.schema}"] if self.schema else []
         if self.statement_timeout_s is not None:
-            options.append(f"-c statement_timeout={statement_timeout_ms(self.statement_timeout_s)}")
-        if options:
-            kw["options"] = " ".join(options)
-        if "connect_timeout" not in given:
-            kw["connect_timeout"] = PG_CONNECT_TIMEOUT_S
-        try:
-            return psycopg.connect(self.url, **kw)
+            ours.append(f"-c statement_timeout={statement_timeout_ms(self.statement_timeout_s)}")
+        try:  # after the operator's options (PGOPTIONS, the URL's): an options keyword alone replaced them
+            return psycopg.connect(self.url, autocommit=True, **pg_connect_options(self.url, *ours))
         except psycopg.OperationalError as exc:
             why = redact(str(exc).strip().splitlines()[0], self.url)  # libpq may quote a piece of the URL
             if "too many" in why:  # "too many clients already", "too many connections for role ..."

@@ -37,7 +37,6 @@ Errors::
 
 from __future__ import annotations
 
-import os
 import re
 import ssl
 from abc import ABC, abstractmethod
@@ -52,6 +51,7 @@ from align.exceptions import InputError, PairCountError, VecbridgeError
 
 from .. import spaces
 from ..errors import ConflictError, NotFoundError, shown
+from ..pgconn import pg_connect_options  # noqa: F401 - pgvector's and the checkpoint's
 from ..urls import redact, safe_url
 
 __all__ = [
@@ -61,24 +61,6 @@ __all__ = [
     "check_name", "as_ids", "id_key",
     "check_fields", "check_metric", "METRICS", "MISSING", "safe_url", "redact", "check_ca_file", "tls_context",
 ]
-
-
-def pg_connect_options(url: str) -> dict:
-    """``connect_timeout`` for ``psycopg.connect`` (the registry's :data:`~service.registry.db.PG_CONNECT_TIMEOUT_S`)
-    unless the URL gives its own: a host that accepts nothing (a partition) was an error only after the OS's ~2 min
-    TCP timeout, each try, and a ``migrate --status`` probe waited as long. Left to libpq when the URL,
-    ``PGCONNECT_TIMEOUT`` or a service file may set it, or when the URL cannot be parsed (connecting says why)."""
-    from ..registry.db import PG_CONNECT_TIMEOUT_S
-
-    try:
-        from psycopg.conninfo import conninfo_to_dict
-
-        given = conninfo_to_dict(url)
-    except Exception:  # noqa: BLE001 - psycopg.connect raises the same, with its own (redacted) handling
-        return {}
-    if "connect_timeout" in given or "service" in given or "PGCONNECT_TIMEOUT" in os.environ:
-        return {}
-    return {"connect_timeout": PG_CONNECT_TIMEOUT_S}
 
 
 METRICS = ("cosine", "ip")

@@ -189,3 +189,31 @@ def test_a_url_that_cannot_be_parsed_or_a_lock_timeout_is_a_clear_error_without_
         assert reg.set_alias("m", "prod", 1).version == 1  # nothing was half written
     finally:
         reg.close()
+
+
+def test_the_operators_pgoptions_and_service_file_options_reach_the_registrys_sessions(pg_url, tmp_path, monkeypatch):
+    """The registry sent its search_path and statement_timeout as libpq's ``options`` keyword, which replaces
+    ``PGOPTIONS`` and a service file's options: an operator's ``-c lock_timeout=5s`` or ``application_name`` never
+    reached the server. Now they go first, the registry's after them; a statement_timeout of theirs wins, as the
+    URL's does."""
+    def shown(url: str, *names: str) -> list:
+        reg = open_registry(url, tmp_path / "artifacts")
+        try:
+            with reg.db.tx() as t:
+                return [t.one(f"SHOW {name}")[0] for name in names]
+        finally:
+            reg.close()
+
+    monkeypatch.setenv("PGOPTIONS", "-c lock_timeout=5s -c application_name=ops-app")
+    assert shown(pg_url + "?schema=vbs", "lock_timeout", "application_name", "search_path", "statement_timeout") == [
+        "5s", "ops-app", "vbs", "30s"]
+    monkeypatch.setenv("PGOPTIONS", "-c statement_timeout=4s")
+    assert shown(pg_url, "statement_timeout") == ["4s"]
+    monkeypatch.delenv("PGOPTIONS")
+    (tmp_path / "services.conf").write_text("[other]\noptions=-c lock_timeout=1s\n[vbops]\n# ours\n"
+                                            "options=-c lock_timeout=7s -c application_name=svc-app\n")
+    monkeypatch.setenv("PGSERVICEFILE", str(tmp_path / "services.conf"))
+    assert shown(pg_url + "?service=vbops&schema=vbs", "lock_timeout", "application_name", "search_path") == [
+        "7s", "svc-app", "vbs"]
+    assert shown(pg_url + "?service=vbops&options=-c%20lock_timeout%3D9s", "lock_timeout", "application_name",
+                 "statement_timeout") == ["9s", "", "30s"]  # the URL's options, as libpq reads them: not the file's

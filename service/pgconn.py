@@ -1,0 +1,89 @@
+"""What vecbridge gives ``psycopg.connect`` beside a PostgreSQL URL: a connect timeout, and settings of its own (a
+registry's ``search_path`` and ``statement_timeout``) sent *with* the operator's options, never instead of them.
+
+libpq reads ``options`` from the first place that gives it: the connect call's keyword, the URL, the entry of a
+service file (``?service=`` or ``PGSERVICE``), the ``PGOPTIONS`` environment variable. A keyword replaces the
+rest: the registry's search_path, passed so, dropped an operator's ``PGOPTIONS='-c lock_timeout=5s'`` (and an
+``application_name``, a ``search_path``). :func:`pg_connect_options` puts the operator's options (what libpq would
+have sent: :func:`operator_options`) first in its keyword, vecbridge's after them. Used by the registry
+(:mod:`service.registry.db`), the migration checkpoint and the pgvector store (:mod:`service.vectordb`).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+__all__ = ["operator_options", "pg_connect_options"]
+
+
+def pg_connect_options(url: str, *settings: str) -> dict:
+    """Keyword arguments for ``psycopg.connect(url, ...)``: ``connect_timeout`` (the registry's
+    :data:`~service.registry.db.PG_CONNECT_TIMEOUT_S`) unless the URL, its service file entry or
+    ``PGCONNECT_TIMEOUT`` gives one (a host that accepts nothing, a partition, was an error only after the OS's ~2
+    min TCP timeout); with ``settings`` (``"-c search_path=vb"``, ...), ``options``: :func:`operator_options`,
+    then ``settings`` (a later ``-c`` of the same name wins). ``{}`` when the URL cannot be parsed (connecting
+    says why)."""
+    from .registry.db import PG_CONNECT_TIMEOUT_S
+
+    try:
+        from psycopg.conninfo import conninfo_to_dict
+
+        given = conninfo_to_dict(url)
+    except Exception:  # noqa: BLE001 - psycopg.connect raises the same, with its callers' (redacted) handling
+        return {}
+    service = _service_entry(given)
+    kw: dict = {}
+    if not ("connect_timeout" in given or "PGCONNECT_TIMEOUT" in os.environ
+            or (service is None and _service_name(given)) or "connect_timeout" in (service or {})):
+        kw["connect_timeout"] = PG_CONNECT_TIMEOUT_S  # a service whose file is not found here: left to libpq too
+    if settings:
+        kw["options"] = " ".join(o for o in (operator_options(given, service), *settings) if o)
+    return kw
+
+
+def operator_options(given: dict, service: dict | None = None) -> str:
+    """The ``options`` libpq sends for a URL parsed as ``given`` (``conninfo_to_dict``) when the call gives none:
+    the URL's, else its service file entry's (``service``: that entry, else read), else ``PGOPTIONS``; ``""``."""
+    if given.get("options"):
+        return given["options"]
+    entry = _service_entry(given) if service is None else service
+    return (entry or {}).get("options") or os.environ.get("PGOPTIONS", "")
+
+
+def _service_name(given: dict) -> str | None:
+    return given.get("service") or os.environ.get("PGSERVICE") or None
+
+
+def _service_entry(given: dict) -> dict | None:
+    """The ``key=value`` lines of the URL's service (``?service=``, else ``PGSERVICE``) in the first file that has
+    it, as libpq looks: ``PGSERVICEFILE`` (else ``~/.pg_service.conf``), then ``$PGSYSCONFDIR/pg_service.conf``;
+    None without a service or where no file read here has it (libpq's built-in folder is not known here)."""
+    name = _service_name(given)
+    if not name:
+        return None
+    files = [Path(os.environ["PGSERVICEFILE"])] if os.environ.get("PGSERVICEFILE") else []
+    if not files:
+        try:
+            files.append(Path.home() / ".pg_service.conf")
+        except RuntimeError:  # no home folder
+            pass
+    if os.environ.get("PGSYSCONFDIR"):
+        files.append(Path(os.environ["PGSYSCONFDIR"]) / "pg_service.conf")
+    for file in files:
+        try:
+            lines = file.read_text(errors="replace").splitlines()
+        except OSError:
+            continue
+        entry, inside = {}, False
+        for line in map(str.strip, lines):
+            if line.startswith("["):
+                if inside:
+                    break
+                inside = line.rstrip("]")[1:] == name
+            elif inside and "=" in line and not line.startswith("#"):
+                key, _, value = line.partition("=")
+                entry[key.strip()] = value.strip()
+        if inside or entry:
+            return entry
+    return None
