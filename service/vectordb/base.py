@@ -51,7 +51,7 @@ from align.exceptions import InputError, PairCountError, VecbridgeError
 
 from .. import spaces
 from ..errors import ConflictError, NotFoundError, shown
-from ..pgconn import pg_connect_options  # noqa: F401 - pgvector's and the checkpoint's
+from ..pgconn import pg_connect_options
 from ..urls import redact, safe_url
 
 __all__ = [
@@ -61,6 +61,27 @@ __all__ = [
     "check_name", "as_ids", "id_key",
     "check_fields", "check_metric", "METRICS", "MISSING", "safe_url", "redact", "check_ca_file", "tls_context",
 ]
+
+
+def pg_connect(url: str, what: str, todo: str, *settings: str):
+    """``psycopg.connect(url)`` in autocommit, with :func:`~service.pgconn.pg_connect_options` (``settings`` after
+    the operator's options). A failure is VectorDBUnavailableError (a server down, restarting or unreachable: exit
+    75, 503 with Retry-After) or VectorDBError (a wrong password, role, database or URL: exit 2), naming ``what``,
+    the URL as :func:`safe_url` shows it and ``todo``; libpq's words are redacted (its parse errors quote the URL or
+    a piece of it: a password with a stray "%"). A checkpoint's was psycopg's own OperationalError (exit 3)."""
+    import psycopg
+
+    from ..registry.db import refused_for_good
+
+    try:
+        return psycopg.connect(url, autocommit=True, **pg_connect_options(url, *settings))
+    except psycopg.Error as exc:
+        why = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        down = isinstance(exc, psycopg.OperationalError) and not refused_for_good(exc, why)
+        err = VectorDBUnavailableError if down else VectorDBError
+        raise err(f"{what}: cannot connect to {safe_url(url)}: {redact(why, url)}; "
+                  f"{todo if down else 'check the URL, its user and password, and that the database exists'}"
+                  ) from None
 
 
 METRICS = ("cosine", "ip")

@@ -29,8 +29,9 @@ from ..storage import atomic_write, still_linked
 from .base import (
     CheckpointMismatchError,
     MigrationRunningError,
+    VectorDBError,
     check_name,
-    pg_connect_options,
+    pg_connect,
 )
 
 __all__ = ["Checkpoint", "FileCheckpoint", "PgCheckpoint", "MemoryCheckpoint"]
@@ -251,10 +252,16 @@ class PgCheckpoint(Checkpoint):
 
     lock_seen_everywhere = True  # the database holds the lock: its answer is the same from every host
 
-    def __init__(self, url: str, key: str, *, table: str = "vecbridge_migrations"):
+    def __init__(self, url: str, key: str, *, table: str = "vecbridge_migrations",
+                 statement_timeout_s: float | None = None):
+        from ..registry.db import PG_STATEMENT_TIMEOUT_S
+
         self.url = url
         self.key = key
         self.table = check_name(table, "table")
+        #: the longest a read or write may wait (the registry's setting, ``registry_statement_timeout_s``: pass
+        #: ``settings.registry_statement_timeout_s``; None: its default, 30 s; 0: no limit)
+        self.statement_timeout_s = PG_STATEMENT_TIMEOUT_S if statement_timeout_s is None else statement_timeout_s
         self.conn = self._connect()
         with self.conn.transaction():  # two runs or a run and a status read at once: CREATE TABLE IF NOT EXISTS
             # in both sessions raised UniqueViolation (pg_type) in one of them; serialised, the second finds the table
@@ -264,16 +271,17 @@ class PgCheckpoint(Checkpoint):
 
     def _connect(self):
         """A connection with a connect timeout and, where the session has no ``statement_timeout`` of its own (from
-        the URL, ``PGOPTIONS``, a service file, the role or database), the registry's 30 s: a read or write behind
-        another session's lock on the table waited as long as that lasted. Set by ``SET`` after connecting, so
-        the options the connection was given (a ``search_path``) are left as they were."""
-        import psycopg
+        the URL, ``PGOPTIONS``, a service file, the role or database), :attr:`statement_timeout_s`: a read or write
+        behind another session's lock on the table waited as long as that lasted. Set by ``SET`` after connecting,
+        so the options the connection was given (a ``search_path``) are left as they were. A database that cannot
+        be reached is VectorDBUnavailableError naming the URL (it was psycopg's OperationalError: exit 3)."""
+        from ..registry.db import statement_timeout_ms
 
-        from ..registry.db import PG_STATEMENT_TIMEOUT_S, statement_timeout_ms
-
-        conn = psycopg.connect(self.url, autocommit=True, **pg_connect_options(self.url))
-        if conn.execute("SHOW statement_timeout").fetchone()[0] == "0":
-            conn.execute(f"SET statement_timeout = {statement_timeout_ms(PG_STATEMENT_TIMEOUT_S)}")
+        conn = pg_connect(self.url, "migration checkpoint",
+                          "start the checkpoint's database or fix the URL given to PgCheckpoint, then run the "
+                          "migration again: it resumes from the checkpoint")
+        if self.statement_timeout_s and conn.execute("SHOW statement_timeout").fetchone()[0] == "0":
+            conn.execute(f"SET statement_timeout = {statement_timeout_ms(self.statement_timeout_s)}")
         return conn
 
     def load(self):
@@ -315,15 +323,13 @@ class PgCheckpoint(Checkpoint):
         """Whether a run holds :meth:`lock` now, asked on a connection of its own (a session's advisory locks are
         its own to take again: asked on :attr:`conn`, a lock this object holds read free): the lock taken and let
         go at once (False), or refused (True). None when the database cannot be reached to ask."""
-        import psycopg
-
         try:
             with self._connect() as probe:
                 if not probe.execute("SELECT pg_try_advisory_lock(hashtext(%s))", (self.lock_key,)).fetchone()[0]:
                     return True
                 probe.execute("SELECT pg_advisory_unlock(hashtext(%s))", (self.lock_key,))
                 return False
-        except psycopg.OperationalError:
+        except VectorDBError:  # cannot be reached (or refused): cannot be told
             return None
 
     def close(self):

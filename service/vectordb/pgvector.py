@@ -37,9 +37,8 @@ import numpy as np
 from align.exceptions import InputError
 
 from ..urls import check_pg_userinfo
-from .base import (Batch, CollectionNotFoundError, Sentinel, UnsupportedFieldError, VectorDBError,
-                   VectorDBUnavailableError, VectorStore, _pad_results, as_ids, check_metric, check_name, close_quietly,
-                   id_key, pg_connect_options, redact, rows_in_order)
+from .base import (Batch, CollectionNotFoundError, Sentinel, UnsupportedFieldError, VectorDBError, VectorStore,
+                   _pad_results, as_ids, check_metric, check_name, close_quietly, id_key, pg_connect, rows_in_order)
 from .lost import lost_as_unavailable
 from .pg_schema import INDEX_OPTIONS, column_rules, copy_structures, plain_index, vector_indexes
 
@@ -149,7 +148,6 @@ class PgVectorStore(VectorStore):
     def __init__(self, url: str, *, index: str | None = "like", hnsw_m: int = 16, ef_construction: int = 64,
                  ef_search: int = 100, probes: int = 10, id_field: str = "id", vector_field: str = "embedding",
                  text_field: str = "text"):
-        import psycopg
         from pgvector.psycopg import register_vector
 
         if index not in ("hnsw", "ivfflat", "like", None):
@@ -161,17 +159,7 @@ class PgVectorStore(VectorStore):
         self.index = index
         self._hnsw = (int(hnsw_m), int(ef_construction))
         check_pg_userinfo(url, "PostgreSQL vector-database URL")  # libpq read "S3C@RET@db" as the host "RET@db"
-        try:
-            self.conn = psycopg.connect(url, autocommit=True, **pg_connect_options(url))
-        except psycopg.Error as exc:  # unreachable server, bad credentials, a URL libpq cannot parse: the user's to
-            # fix; libpq's parse errors quote the URL or a piece of it (a password with a stray "%"): never the password
-            why = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-            from ..registry.db import refused_for_good
-
-            # a server down or restarting: exit 75, Retry-After; a wrong password, role, database or URL: exit 2
-            down = isinstance(exc, psycopg.OperationalError) and not refused_for_good(exc, why)
-            err = VectorDBUnavailableError if down else VectorDBError
-            raise err(f"pgvector: cannot connect: {redact(why, url)}") from None
+        self.conn = pg_connect(url, "pgvector", "start the database or fix the URL's host and port, then retry")
         try:  # a session ended here (a server stopping, pg_terminate_backend) is lost as any call's is: exit 75, 503
             with lost_as_unavailable(self, "retry: it was lost as the store opened, before anything was read"):
                 # reads write nothing: a read-only role or a standby can dry-run, verify and search (CREATE ... IF

@@ -9,8 +9,10 @@ import threading
 import uuid
 
 import pytest
+from _servers import free_port
 
-from service.vectordb import PgCheckpoint
+from service.errors import exit_code, retry_after_of
+from service.vectordb import PgCheckpoint, VectorDBUnavailableError
 
 psycopg = pytest.importorskip("psycopg")
 
@@ -88,7 +90,7 @@ def test_a_database_host_that_never_answers_is_an_error_after_the_connect_timeou
             except Exception as exc:  # noqa: BLE001 - the outcome is checked below
                 outcome[name] = exc
         probe = object.__new__(PgCheckpoint)  # a status read's probe, without the run's own connection
-        probe.url, probe.table, probe.key = url, "vecbridge_migrations", "a->b"
+        probe.url, probe.table, probe.key, probe.statement_timeout_s = url, "vecbridge_migrations", "a->b", 30
         outcome["probe"] = probe.lock_held()
 
     th = threading.Thread(target=connect, daemon=True)
@@ -96,6 +98,42 @@ def test_a_database_host_that_never_answers_is_an_error_after_the_connect_timeou
     th.join(30)
     silent.close()
     assert not th.is_alive(), f"still connecting after 30 s: {outcome}"
-    assert isinstance(outcome["checkpoint"], psycopg.OperationalError), outcome
+    assert isinstance(outcome["checkpoint"], VectorDBUnavailableError), outcome
     assert "cannot connect" in str(outcome["store"]), outcome
     assert outcome["probe"] is None, outcome  # cannot be told
+
+
+@pytest.mark.postgres
+def test_a_checkpoints_statement_timeout_is_the_one_it_is_given(pg_url):
+    """The checkpoint's limit was the registry's default (30 s) whatever the operator set as
+    ``registry_statement_timeout_s``; it is given as ``statement_timeout_s`` (0: no limit), still only where the
+    session has none of its own."""
+    for given, shown in ((2.5, "2500ms"), (0, "0")):
+        ck = PgCheckpoint(pg_url, "a->b", statement_timeout_s=given)
+        try:
+            assert ck.conn.execute("SHOW statement_timeout").fetchone()[0] == shown
+            with ck._connect() as probe:  # the lock probe's connection too
+                assert probe.execute("SHOW statement_timeout").fetchone()[0] == shown
+        finally:
+            ck.close()
+    own = PgCheckpoint(pg_url + "?options=-c%20statement_timeout%3D5s", "a->b", statement_timeout_s=2.5)
+    try:
+        assert own.conn.execute("SHOW statement_timeout").fetchone()[0] == "5s"
+    finally:
+        own.close()
+
+
+def test_a_checkpoint_database_nobody_listens_on_is_a_vecbridge_error_naming_it_without_its_password():
+    """A migration whose checkpoint database was down failed with psycopg's own OperationalError (exit 3, "internal
+    error"; a job's 500). Now VectorDBUnavailableError: exit 75 and 503 with Retry-After (the rows so far are
+    checkpointed), the URL as the project shows URLs and what to do; the lock probe cannot tell (None)."""
+    url = f"postgresql://vb:s3cr3t@127.0.0.1:{free_port()}/vb"
+    with pytest.raises(VectorDBUnavailableError) as err:
+        PgCheckpoint(url, "a->b")
+    message = str(err.value)
+    assert f"migration checkpoint: cannot connect to postgresql://vb:***@127.0.0.1:{url.rsplit(':', 1)[1]}" in message
+    assert "s3cr3t" not in message and "run the migration again" in message, message
+    assert exit_code(err.value) == 75 and retry_after_of(err.value) == 5
+    probe = object.__new__(PgCheckpoint)
+    probe.url, probe.table, probe.key, probe.statement_timeout_s = url, "vecbridge_migrations", "a->b", 30
+    assert probe.lock_held() is None
