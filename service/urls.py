@@ -18,18 +18,30 @@ from align.exceptions import InputError
 __all__ = ["check_pg_userinfo", "hide_endpoints", "redact", "safe_url", "url_secrets"]
 
 
+#: a URL's query parameter: its name and value as written (a "?" inside a value starts another here: libpq takes it
+#: as part of the value, which its error may quote, so a password after it is hidden too, as it always was)
+_PARAM = re.compile(r"([?&])([^=&#?]*)=([^&#?]*)")
+
+
+def _secret_param(name: str) -> bool:
+    """Whether a query parameter named ``name`` (as written) is a password: ``password`` or ``sslpassword`` (libpq
+    takes both: the second unlocks the client key), in any case and percent-encoded too (``pass%77ord``: libpq
+    decodes names as it does values, so it was sent as the password and shown as written)."""
+    return unquote(name).lower() in ("password", "sslpassword")
+
+
 def safe_url(url: str) -> str:
     """``url`` as an error message may show it: a password in its user part (``user:PASSWORD@host``) or in a
-    ``password=`` or ``sslpassword=`` parameter (libpq takes them: the second unlocks the client key) as ``***``."""
+    ``password=`` or ``sslpassword=`` parameter (:func:`_secret_param`) as ``***``."""
     url = re.sub(r"^([A-Za-z][A-Za-z0-9+.-]*://[^/@:]*):[^/]*@", r"\1:***@", str(url))
-    return re.sub(r"([?&](?:ssl)?password=)[^&#]*", r"\1***", url, flags=re.IGNORECASE)
+    return _PARAM.sub(lambda m: f"{m[1]}{m[2]}=***" if _secret_param(m[2]) else m[0], url)
 
 
 def url_secrets(url: str) -> list[str]:
     """The passwords written in ``url`` (its user part, a ``password=`` parameter), as written and percent-decoded:
     what :func:`redact` hides in a message that quotes pieces of the URL (libpq's parse errors do)."""
     found = re.findall(r"^[A-Za-z][A-Za-z0-9+.-]*://[^/@:]*:([^/]*)@", str(url))
-    found += re.findall(r"[?&](?:ssl)?password=([^&#]*)", str(url), flags=re.IGNORECASE)
+    found += [m[3] for m in _PARAM.finditer(str(url)) if _secret_param(m[2])]
     return sorted({v for p in found if p for v in (p, unquote(p))}, key=len, reverse=True)
 
 

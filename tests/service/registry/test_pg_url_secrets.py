@@ -161,3 +161,20 @@ def test_the_client_key_password_is_hidden_as_the_password_is():
     shown = safe_url(url)
     assert "k3y" not in shown and "sslpassword=***" in shown and "sslkey=/k/client.key" in shown, shown
     assert {"k3y%21pw", "k3y!pw", "pw"} <= set(url_secrets(url))
+
+
+@pytest.mark.parametrize("name", ["pass%77ord", "%70assword", "ssl%70assword", "sslpass%77%6Frd"])
+def test_a_password_parameter_whose_name_is_percent_encoded_is_hidden_too(name):
+    """libpq decodes a parameter's name as it does its value: ``?pass%77ord=s3cr3t`` is sent as the password, but the
+    URL was shown with it (a resume command, an error naming the URL), since only ``password=`` as written was
+    hidden."""
+    from psycopg.conninfo import conninfo_to_dict
+
+    from service.urls import redact, safe_url, url_secrets
+
+    url = f"postgresql://vb@db/vb?sslmode=require&{name}=s3cr3t%21&application_name=a"
+    key = "sslpassword" if name.startswith("ssl") else "password"
+    assert conninfo_to_dict(url)[key] == "s3cr3t!"  # what libpq is given
+    assert safe_url(url) == f"postgresql://vb@db/vb?sslmode=require&{name}=***&application_name=a"
+    assert {"s3cr3t%21", "s3cr3t!"} <= set(url_secrets(url))
+    assert "s3cr3t" not in redact(f"invalid value 's3cr3t!' in {url}", url)
