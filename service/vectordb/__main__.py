@@ -93,7 +93,8 @@ def main(argv=None) -> int:
                             id_field=args.id_field, vector_field=args.vector_field, text_field=args.text_field,
                             source_space=args.source_space, target_space=args.target_space, progress=progress,
                             api_key=settings.vectordb_api_key, ca_file=settings.vectordb_ca_file,
-                            dry_run=args.dry_run, keep_ids=args.keep_ids, keep_vectors=args.keep_vectors)
+                            dry_run=args.dry_run, keep_ids=args.keep_ids, keep_vectors=args.keep_vectors,
+                            registry_url=args.registry)  # recorded for the resume command, as `vecbridge migrate` does
     except KeyboardInterrupt:
         exc = MigrationInterrupted("interrupted; run the same command again to resume", 0, 0)
         _err(exc)

@@ -242,3 +242,34 @@ def test_the_printed_resume_command_of_a_run_on_another_registry_resumes_it_ther
     assert rc == 0, out.err
     rep = json.loads(out.out.strip().splitlines()[-1])
     assert rep["rows"] == N and rep["resumed_from"] is not None, rep
+
+
+def test_the_module_commands_run_records_its_registry_for_the_resume_command(world, capsys):
+    """``python -m service.vectordb migrate --registry URL`` stopped by SIGTERM: its status printed a resume command
+    naming no registry (the run did not record it, as ``vecbridge migrate`` does), so the command looked for the
+    map in the default one. It names the run's registry now, the relative SQLite path made absolute."""
+    from service.vectordb.__main__ import main as vectordb_main
+
+    world["registry"].close()
+    other = world["data"] / "other.sqlite"
+    (world["data"] / "registry.sqlite").rename(other)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    child = subprocess.Popen([sys.executable, "-m", "service.vectordb", "migrate", "--store", world["url"],
+                              "--source", "src", "--target", "dst", "--map", "a2b", "--checkpoint", "ck.json",
+                              "--registry", "sqlite:///data/other.sqlite", "--artifact-dir", "data/artifacts",
+                              "--batch-size", "20", "--pause", "1.0"], cwd=world["tmp"], env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert "done" in json.loads(read_line(child) or "{}")  # a batch is written and checkpointed
+        child.send_signal(signal.SIGTERM)  # stops after the batch in flight
+        _, err = child.communicate(timeout=60)
+    finally:
+        child.kill()
+    assert child.returncode == 143, err
+    capsys.readouterr()
+    assert vectordb_main(["status", "--checkpoint", str(world["tmp"] / "ck.json")]) == 0
+    st = json.loads(capsys.readouterr().out)
+    assert st["state"] == "stopped", st
+    argv = shlex.split(st["resume"])
+    assert argv[argv.index("--registry-url") + 1] == f"sqlite:///{other.resolve()}", argv
+    assert argv.index("--registry-url") < argv.index("migrate"), argv
