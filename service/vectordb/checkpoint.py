@@ -152,10 +152,17 @@ class FileCheckpoint(Checkpoint):
         return (self.defaults.get(key) if was is None else was) == (self.defaults.get(key) if now is None else now)
 
     def _named(self, key: str, was, now) -> str:
-        """``--index 'hnsw' (this run: None)``, or over HTTP ``index "hnsw" (this request: null)``."""
+        """``--index 'hnsw' (this run: None (default 'like'))``, or over HTTP ``index "hnsw" (this request: null
+        (default "like"))``: an unset value with a default says what it stands for."""
+        show = json.dumps if self.json_fields else repr
+        default = self.defaults.get(key)
+
+        def shown(v) -> str:
+            return show(v) + (f" (default {show(default)})" if v is None and default is not None else "")
+
         if self.json_fields:
-            return f"{key} {json.dumps(was)} (this request: {json.dumps(now)})"
-        return f"--{key.replace('_', '-')} {was!r} (this run: {now!r})"
+            return f"{key} {shown(was)} (this request: {shown(now)})"
+        return f"--{key.replace('_', '-')} {shown(was)} (this run: {shown(now)})"
 
     def save(self, state):
         if self.options is not None:

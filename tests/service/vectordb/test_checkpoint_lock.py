@@ -130,13 +130,16 @@ def test_a_status_probe_tells_a_held_lock_from_a_free_one_and_never_makes_a_run_
 
 def test_a_resume_may_add_what_the_run_left_unset_but_not_drop_or_change_what_it_recorded(tmp_path):
     """The options a checkpoint's unfinished run recorded: a resume giving another field name, or dropping its
-    alias, is refused naming each (it finished without switching the alias); one adding an alias, an index or a
-    space the run left unset goes on; a finished run's rerun (nothing to write) and a status read are not judged."""
+    alias, is refused naming each (it finished without switching the alias); one adding an alias or a space the run
+    left unset goes on, not one adding an index (unset means like, which the run may have built); a finished run's
+    rerun (nothing to write) and a status read are not judged."""
     path = tmp_path / "run.json"
     first = {"alias": "live", "index": None, "id_field": None, "source_space": None, "data_dir": "/a"}
     FileCheckpoint(path, options=first).save({"source": "a", "target": "b", "map_fingerprint": "f", "last_id": 3,
                                               "finished": False})
-    assert FileCheckpoint(path, options={**first, "data_dir": "/b", "index": "hnsw", "source_space": "s"}).load()
+    assert FileCheckpoint(path, options={**first, "data_dir": "/b", "source_space": "s"}).load()
+    with pytest.raises(CheckpointMismatchError, match=r"--index None \(this run: 'hnsw'\)"):
+        FileCheckpoint(path, options={**first, "index": "hnsw"}).load()
     with pytest.raises(CheckpointMismatchError, match=r"--alias 'live' \(this run: None\)"):
         FileCheckpoint(path, options={**first, "alias": None}).load()
     with pytest.raises(CheckpointMismatchError, match=r"--id-field None \(this run: 'pk'\)"):

@@ -80,7 +80,7 @@ def test_a_resume_giving_a_field_the_first_run_left_to_the_engine_is_refused_if_
     with pytest.raises(MigrationInterrupted):
         _migrate(world, ck, stop=True)
     before = ck.read_text()
-    with pytest.raises(CheckpointMismatchError, match=r"--text-field None \(this run: 'body'\)"):
+    with pytest.raises(CheckpointMismatchError, match=r"--text-field None \(default 'text'\) \(this run: 'body'\)"):
         _migrate(world, ck, text_field="body")
     assert ck.read_text() == before
     rep = _migrate(world, ck, text_field="text")  # the engine's default, given: the same
@@ -96,7 +96,7 @@ def test_a_resume_may_not_add_another_index_to_a_run_that_gave_none(world):
     with pytest.raises(MigrationInterrupted):
         _migrate(world, ck, stop=True)
     before = ck.read_text()
-    with pytest.raises(CheckpointMismatchError, match=r"--index None \(this run: 'hnsw'\)"):
+    with pytest.raises(CheckpointMismatchError, match=r"--index None \(default 'like'\) \(this run: 'hnsw'\)"):
         _migrate(world, ck, index="hnsw")
     assert ck.read_text() == before
     rep = _migrate(world, ck, index="like", alias="live")  # what no --index means; an alias may still be added
@@ -121,7 +121,7 @@ def test_a_refused_resume_over_http_names_the_requests_fields(world):
         job = wait_http_job(c, r.json()["id"], headers=W)
     assert job["state"] == "failed" and job["error"]["type"] == "CheckpointMismatchError", job
     msg = job["error"]["message"]
-    assert 'alias "live" (this request: null)' in msg and 'index "hnsw" (this request: null)' in msg, msg
+    assert 'alias "live" (this request: null)' in msg and 'index "hnsw" (this request: null (default "like"))' in msg, msg
     assert "--" not in msg.split(" was started with other options: ", 1)[1], msg  # no CLI flag, no CLI command
     assert "GET /v1/migrations" in msg, msg
 
