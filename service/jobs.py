@@ -442,6 +442,9 @@ class JobManager:
                         j.finished_at, j.error = j.now(), dict(_NOT_STARTED)
                     else:
                         self._interrupt(j)
+            for j in late:  # counted as cancel() counts one (it never runs: counted once); after the lock
+                if j.state == "cancelled":
+                    self._count("cancelled")
             stuck = [j.id for j in late if j.state == "failed"]
             if stuck:
                 _log.warning("jobs still running at shutdown recorded interrupted", extra={"fields": {
@@ -449,6 +452,7 @@ class JobManager:
             jobs = late
         for j in jobs:
             self._persist(j)
+        self._gauges()  # queued / running now: the jobs ended here were still counted there
         if not wait or not pending:  # (the threads of the jobs still running are left to end: not waited for)
             self._pool.shutdown(wait=wait, cancel_futures=True)
         if self.store is not None:

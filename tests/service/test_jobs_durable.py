@@ -557,8 +557,11 @@ def test_a_shutdown_that_waits_gives_up_on_a_job_deaf_to_its_cancel_and_records_
     cancel), and the job queued behind it stayed "queued" for ever. Now the wait ends at its ``timeout``: the job
     still running is recorded interrupted (in memory, in the store a restart reads) and logged, the queued one
     cancelled before it started; the deaf job's work, when it ends later, still writes its end."""
+    from service.metrics import ServiceMetrics
+
     db = tmp_path / "jobs.sqlite"
-    mgr = JobManager(workers=1, max_queued=4, store=JobStore(db))
+    metrics = ServiceMetrics()
+    mgr = JobManager(workers=1, max_queued=4, store=JobStore(db), metrics=metrics)
     mgr.open()
     reported, release = threading.Event(), threading.Event()
 
@@ -584,6 +587,10 @@ def test_a_shutdown_that_waits_gives_up_on_a_job_deaf_to_its_cancel_and_records_
             assert (j.state, j.error["message"]) == ("cancelled", "cancelled before it started"), j
         [line] = [r for r in seen if r.getMessage() == "jobs still running at shutdown recorded interrupted"]
         assert line.fields["jobs"] == [stuck.id]
+        # /metrics agrees: the queued job counted cancelled (as cancel() counts one), nothing left queued or running
+        sample = metrics.registry.get_sample_value
+        assert sample("vecbridge_jobs_total", {"state": "cancelled"}) == 1
+        assert (sample("vecbridge_jobs_queued"), sample("vecbridge_jobs_running")) == (0, 0)
         release.set()
         assert wait(mgr.get, stuck.id, states=("succeeded",)).result == {"done": 1}
         assert wait(lambda i: JobStore(db).get(i)[0], stuck.id, states=("succeeded",)).result == {"done": 1}
