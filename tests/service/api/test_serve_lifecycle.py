@@ -221,6 +221,14 @@ def test_sighup_stops_a_single_process_service_as_sigterm_does(tmp_path):
     assert not [r for r in records if r.get("level") == "ERROR"], records
 
 
+def _wait_for_log(tmp_path, msg: str, n: int = 1, seconds: float = 60.0) -> None:
+    """Until the server's log has ``n`` lines whose message starts with ``msg``."""
+    deadline = time.monotonic() + seconds
+    while (tmp_path / "server.log").read_text().count(f'"msg": "{msg}') < n:
+        assert time.monotonic() < deadline, f"fewer than {n} {msg!r} lines after {seconds} s"
+        time.sleep(0.02)
+
+
 def _wait_in_flight(port: int, n: int, seconds: float = 20.0) -> None:
     """Until /metrics says ``n`` requests are being answered: a fixed sleep before the signal could come before a
     loaded server had read the request's head, and the test then saw an idle connection closed."""
@@ -293,6 +301,8 @@ def test_a_request_cut_by_a_second_ctrl_c_says_so_not_that_shutdown_timeout_s_ra
               "runpy.run_module('service.cli', run_name='__main__', alter_sys=True)")
     proc = start([sys.executable, "-c", launch, "serve", "--workers", str(workers)], env, port,
                  tmp_path / "server.log")
+    # every worker has started: one still importing when Ctrl-C comes writes a plain-text KeyboardInterrupt traceback
+    _wait_for_log(tmp_path, "Application startup complete.", workers)
     s, _ = _half_sent_transform(port)  # the rest never comes
     s.settimeout(60)
     try:
