@@ -430,6 +430,7 @@ def _note_forced_stop(app) -> None:
     """A worker's second Ctrl-C marks ``app`` stopped at once (``app.state.stop_forced``), as :func:`_run`'s server
     does for one process: the 503 of a request it cuts says "stopped at once by a second stop signal". A worker runs
     uvicorn's own server, so its cut requests said they were "still open shutdown_timeout_s after the stop signal".
+    And that server's shutdown is followed by :func:`_answer_cut`, as :func:`_run`'s is.
     Called while that server loads the app, inside its signal handling: its SIGINT handler is chained."""
     if threading.current_thread() is not threading.main_thread():
         return
@@ -443,6 +444,35 @@ def _note_forced_stop(app) -> None:
         _mark_forced(server, app)
 
     signal.signal(signal.SIGINT, on_int)
+    shutdown = server.shutdown
+
+    async def shutdown_then_answer(sockets=None) -> None:
+        await shutdown(sockets=sockets)
+        await _answer_cut(server)
+
+    server.shutdown = shutdown_then_answer
+
+
+_CUT_ANSWER_S = 5.0  # longest wait, after a second Ctrl-C, for the answers of the requests it cut
+
+
+async def _answer_cut(server) -> None:
+    """Once ``server`` (uvicorn's) has shut down at once on a second Ctrl-C: cancel the requests still open and wait
+    (up to ``_CUT_ANSWER_S``) for their answers, the middleware's 503 that says so.
+
+    uvicorn leaves them to ``asyncio.run``'s end, after it has raised the stop signals it caught again, the last one
+    first. A worker of ``serve --workers N`` had caught its supervisor's SIGTERM too (Ctrl-C reaches the supervisor,
+    which then stops its workers): raised again, its default action ended the worker before any was answered, and
+    the client's connection closed with no answer at all. Ctrl-C twice, the second after the supervisor's turn (as
+    a person presses it), did so every time."""
+    if not server.force_exit:
+        return
+    cut = [t for t in server.server_state.tasks if not t.done()]
+    for task in cut:
+        if not task.cancelling():  # one cancelled by shutdown_timeout_s already is answering
+            task.cancel()
+    if cut:
+        await asyncio.wait(cut, timeout=_CUT_ANSWER_S)
 
 
 def _mark_forced(server, app) -> None:
@@ -494,6 +524,10 @@ def _run(config) -> tuple[bool, str | None]:
         def handle_exit(self, sig, frame):
             super().handle_exit(sig, frame)
             _mark_forced(self, self.config.app)  # a second Ctrl-C: the requests still open are cut now (503 says so)
+
+        async def shutdown(self, sockets=None):
+            await super().shutdown(sockets=sockets)
+            await _answer_cut(self)
 
         @contextlib.contextmanager
         def capture_signals(self):

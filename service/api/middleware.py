@@ -567,7 +567,8 @@ class ObserveMiddleware:
             await self.app(scope, receive_wrapper, send_wrapper)
             if not started and gone:  # the client went away before its body was complete: nobody to answer
                 status = 499
-        except asyncio.CancelledError:  # uvicorn's graceful shutdown ran out (shutdown_timeout_s) and cancelled us
+        except asyncio.CancelledError:  # the graceful shutdown ran out (shutdown_timeout_s), or a second Ctrl-C
+            # came (app._answer_cut): the server cancelled us
             if started:  # part of the answer is out: nothing to add (uvicorn closes the connection)
                 raise
             # answered here, and not raised on: uvicorn logged any exception out of the app as an ERROR traceback

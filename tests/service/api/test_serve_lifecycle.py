@@ -292,7 +292,9 @@ def test_a_request_cut_by_a_second_ctrl_c_says_so_not_that_shutdown_timeout_s_ra
     """A second Ctrl-C force-quits at once: the request still open was cut then, yet its 503 said it was "still open
     shutdown_timeout_s after the stop signal" (here 60 s: long after the server was gone). ``--workers 2`` said so
     after the single process was fixed: its workers run uvicorn's own server. Ctrl-C reaches the terminal's whole
-    process group (the supervisor and its workers): sent to the group here, as a terminal does."""
+    process group (the supervisor and its workers): sent to the group here, as a terminal does. A second one after
+    the supervisor had sent its workers SIGTERM (as a person's comes) ended the worker with no answer at all: uvicorn
+    raised the SIGTERM again before the request was cut, and its default action ended the process."""
     data = tmp_path / "data"
     seed_registry(data)
     port = free_port()
@@ -308,9 +310,12 @@ def test_a_request_cut_by_a_second_ctrl_c_says_so_not_that_shutdown_timeout_s_ra
     try:
         _wait_in_flight(port, 2)
         os.killpg(proc.pid, signal.SIGINT)
-        deadline = time.monotonic() + 30  # the first is being handled: uvicorn's graceful shutdown has begun
-        while "Shutting down" not in (tmp_path / "server.log").read_text() and time.monotonic() < deadline:
-            time.sleep(0.02)
+        # the second comes once the first is handled, as a person's does: the server holding the request waits for
+        # it (after the first "Shutting down" of either worker, a loaded one saw both as one SIGINT), and the
+        # supervisor has sent each worker still there its SIGTERM (it waits for them next)
+        _wait_for_log(tmp_path, "Waiting for connections to close.")
+        if workers > 1:
+            _wait_for_log(tmp_path, "Waiting for child process")
         os.killpg(proc.pid, signal.SIGINT)
         answer = b""
         while chunk := s.recv(65536):
@@ -322,7 +327,7 @@ def test_a_request_cut_by_a_second_ctrl_c_says_so_not_that_shutdown_timeout_s_ra
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(30)
     head, _, body = answer.partition(b"\r\n\r\n")
-    assert head.split(b" ", 2)[1] == b"503", answer[:500]
+    assert head.startswith(b"HTTP/1.1 503 "), answer[:500]  # was b"": closed with no answer
     msg = json.loads(body)["error"]["message"]
     assert "second stop signal" in msg and "shutdown_timeout_s" not in msg, msg
     cut = [r for r in _records(tmp_path) if r["msg"] == "request cancelled by the shutdown"]
