@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-__all__ = ["operator_options", "pg_connect_options"]
+__all__ = ["operator_options", "pg_connect_options", "pg_target"]
 
 
 def pg_connect_options(url: str, *settings: str) -> dict:
@@ -40,6 +40,24 @@ def pg_connect_options(url: str, *settings: str) -> dict:
     if settings:
         kw["options"] = " ".join(o for o in (operator_options(given, service), *settings) if o)
     return kw
+
+
+def pg_target(url: str) -> str:
+    """Where ``url`` (a URL or a libpq conninfo string: ``host=db password=s3cr3t dbname=vb``) connects, as an
+    error may name it: ``user@host:port/dbname`` from libpq's parse, never the password (:func:`safe_url` cannot
+    hide one in a conninfo string); every password found in it (:func:`url_secrets`: a raw ``/`` in the user part
+    made libpq read a piece as the port) is still ``***``. Unparsable: :func:`safe_url`, redacted."""
+    from .urls import redact, safe_url
+
+    try:
+        from psycopg.conninfo import conninfo_to_dict
+
+        given = conninfo_to_dict(url)
+    except Exception:  # noqa: BLE001 - psycopg's ProgrammingError (a stray "%"), or no psycopg
+        return redact(safe_url(url), url)
+    user = f"{given['user']}@" if given.get("user") else ""
+    port = f":{given['port']}" if given.get("port") else ""
+    return redact(f"{user}{given.get('host') or given.get('hostaddr') or ''}{port}/{given.get('dbname') or ''}", url)
 
 
 def operator_options(given: dict, service: dict | None = None) -> str:

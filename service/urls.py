@@ -18,9 +18,10 @@ from align.exceptions import InputError
 __all__ = ["check_pg_userinfo", "hide_endpoints", "redact", "safe_url", "url_secrets"]
 
 
-#: a URL's query parameter: its name and value as written (a "?" inside a value starts another here: libpq takes it
-#: as part of the value, which its error may quote, so a password after it is hidden too, as it always was)
-_PARAM = re.compile(r"([?&])([^=&#?]*)=([^&#?]*)")
+#: where a URL's query parameter starts: its separator and name as written
+_PARAM_NAME = re.compile(r"([?&])([^=&#?]*)=")
+#: libpq's ``password=`` in a conninfo string (``host=db password=s3cr3t``): the value bare or single-quoted
+_KW_SECRET = re.compile(r"(?:^|\s)(?:ssl)?password\s*=\s*('(?:[^'\\]|\\.)*'|\S+)", re.IGNORECASE)
 
 
 def _secret_param(name: str) -> bool:
@@ -30,18 +31,55 @@ def _secret_param(name: str) -> bool:
     return unquote(name).lower() in ("password", "sslpassword")
 
 
+def _params(url: str):
+    """Each query parameter of ``url`` as ``(start, end, separator, name, value)``, as written. A password's value
+    runs to the next ``&`` or ``#`` (libpq takes a ``?`` in it as part of it: ``password=s3?cr3t``); any other's
+    stops at a ``?`` too, so a ``?password=`` inside another parameter's value (which libpq may quote in its error)
+    is found as well."""
+    pos = 0
+    while (m := _PARAM_NAME.search(url, pos)) is not None:
+        secret = _secret_param(m[2])
+        end = re.compile(r"[&#]" if secret else r"[&#?]").search(url, m.end())
+        end = len(url) if end is None else end.start()
+        yield m.start(), end, m[1], m[2], url[m.end():end]
+        pos = end
+
+
+def _userinfo(url: str) -> re.Match | None:
+    """The password of ``url``'s user part (group 2): up to the last ``@`` before the first ``/``, else (a ``/`` in
+    it not written ``%2F``: ``vb:s3/cr3t@db``, which libpq misreads) up to the first ``@`` after that ``/``."""
+    return (re.match(r"([A-Za-z][A-Za-z0-9+.-]*://[^/@:]*):([^/]*)@", url)
+            or re.match(r"([A-Za-z][A-Za-z0-9+.-]*://[^/@:?#]*):([^@/?#]*/[^@?#]*)@", url))
+
+
 def safe_url(url: str) -> str:
-    """``url`` as an error message may show it: a password in its user part (``user:PASSWORD@host``) or in a
-    ``password=`` or ``sslpassword=`` parameter (:func:`_secret_param`) as ``***``."""
-    url = re.sub(r"^([A-Za-z][A-Za-z0-9+.-]*://[^/@:]*):[^/]*@", r"\1:***@", str(url))
-    return _PARAM.sub(lambda m: f"{m[1]}{m[2]}=***" if _secret_param(m[2]) else m[0], url)
+    """``url`` as an error message may show it: a password in its user part (``user:PASSWORD@host``), in a
+    ``password=`` or ``sslpassword=`` parameter (:func:`_secret_param`) or a conninfo string's as ``***``."""
+    url = str(url)
+    if (user := _userinfo(url)) is not None:
+        url = f"{user[1]}:***@{url[user.end():]}"
+    out, last = [], 0
+    for start, end, sep, name, _value in _params(url):
+        if _secret_param(name):
+            out += [url[last:start], f"{sep}{name}=***"]
+            last = end
+    url = "".join(out) + url[last:]
+    if "://" not in url:  # a conninfo string: host=db password=s3cr3t
+        url = _KW_SECRET.sub(lambda m: m[0][:m.start(1) - m.start()] + "***", url)
+    return url
 
 
 def url_secrets(url: str) -> list[str]:
-    """The passwords written in ``url`` (its user part, a ``password=`` parameter), as written and percent-decoded:
-    what :func:`redact` hides in a message that quotes pieces of the URL (libpq's parse errors do)."""
-    found = re.findall(r"^[A-Za-z][A-Za-z0-9+.-]*://[^/@:]*:([^/]*)@", str(url))
-    found += [m[3] for m in _PARAM.finditer(str(url)) if _secret_param(m[2])]
+    """The passwords written in ``url`` (its user part, a ``password=`` parameter; a conninfo string's
+    ``password=``), as written and percent-decoded, and the pieces of one with a ``/`` (libpq reads
+    ``vb:s3/cr3t@db`` as the host ``vb``, port ``s3``): what :func:`redact` hides in a message that quotes pieces of
+    the URL (libpq's parse errors do)."""
+    url = str(url)
+    found = [user[2]] if (user := _userinfo(url)) is not None else []
+    found += [value for _s, _e, _sep, name, value in _params(url) if _secret_param(name)]
+    if "://" not in url:
+        found += [v[1:-1] if v.startswith("'") else v for v in _KW_SECRET.findall(url)]
+    found += [piece for p in found if "/" in p for piece in p.split("/")]
     return sorted({v for p in found if p for v in (p, unquote(p))}, key=len, reverse=True)
 
 

@@ -51,7 +51,7 @@ from align.exceptions import InputError, PairCountError, VecbridgeError
 
 from .. import spaces
 from ..errors import ConflictError, NotFoundError, shown
-from ..pgconn import pg_connect_options
+from ..pgconn import pg_connect_options, pg_target
 from ..urls import redact, safe_url
 
 __all__ = [
@@ -67,7 +67,7 @@ def pg_connect(url: str, what: str, todo: str, *settings: str):
     """``psycopg.connect(url)`` in autocommit, with :func:`~service.pgconn.pg_connect_options` (``settings`` after
     the operator's options). A failure is VectorDBUnavailableError (a server down, restarting or unreachable: exit
     75, 503 with Retry-After) or VectorDBError (a wrong password, role, database or URL: exit 2), naming ``what``,
-    the URL as :func:`safe_url` shows it and ``todo``; libpq's words are redacted (its parse errors quote the URL or
+    where it connects (:func:`~service.pgconn.pg_target`: never its password) and ``todo``; libpq's words are redacted (its parse errors quote the URL or
     a piece of it: a password with a stray "%"). A checkpoint's was psycopg's own OperationalError (exit 3)."""
     import psycopg
 
@@ -79,7 +79,7 @@ def pg_connect(url: str, what: str, todo: str, *settings: str):
         why = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         down = isinstance(exc, psycopg.OperationalError) and not refused_for_good(exc, why)
         err = VectorDBUnavailableError if down else VectorDBError
-        raise err(f"{what}: cannot connect to {safe_url(url)}: {redact(why, url)}; "
+        raise err(f"{what}: cannot connect to {pg_target(url)}: {redact(why, url)}; "
                   f"{todo if down else 'check the URL, its user and password, and that the database exists'}"
                   ) from None
 

@@ -178,3 +178,39 @@ def test_a_password_parameter_whose_name_is_percent_encoded_is_hidden_too(name):
     assert safe_url(url) == f"postgresql://vb@db/vb?sslmode=require&{name}=***&application_name=a"
     assert {"s3cr3t%21", "s3cr3t!"} <= set(url_secrets(url))
     assert "s3cr3t" not in redact(f"invalid value 's3cr3t!' in {url}", url)
+
+
+def test_a_password_parameter_with_a_question_mark_is_hidden_whole():
+    """libpq takes ``password=s3?cr3t`` whole; the scanner stopped the value at the ``?``: the URL was shown as
+    ``password=***?cr3t`` and only ``s3`` counted as a secret. A ``?password=`` inside another parameter's value
+    is still found."""
+    from psycopg.conninfo import conninfo_to_dict
+
+    from service.urls import redact, safe_url, url_secrets
+
+    url = "postgresql://vb@db/vb?password=s3?cr3t&sslmode=require"
+    assert conninfo_to_dict(url)["password"] == "s3?cr3t"
+    assert safe_url(url) == "postgresql://vb@db/vb?password=***&sslmode=require"
+    assert url_secrets(url) == ["s3?cr3t"]
+    assert "cr3t" not in redact(f"bad password 's3?cr3t' for {url}", url)
+    nested = "postgresql://vb@db/vb?application_name=a?password=zz9&sslmode=require"
+    assert safe_url(nested) == "postgresql://vb@db/vb?application_name=a?password=***&sslmode=require"
+    assert url_secrets(nested) == ["zz9"]
+
+
+@pytest.mark.parametrize("url, secret", [
+    ("host=127.0.0.1 port={port} user=vb password=s3cr3t dbname=vb", "s3cr3t"),
+    ("host=127.0.0.1 port={port} user=vb password='s3 cr3t' dbname=vb", "cr3t"),
+    ("postgresql://vb:s3/cr3t@127.0.0.1:{port}/vb", "cr3t"),
+])
+def test_a_checkpoint_that_cannot_connect_names_its_target_without_the_password(url, secret):
+    """``pg_connect``'s error named ``safe_url(url)``, which hid no password of a libpq conninfo string nor of a
+    user part with a raw ``/`` (libpq reads ``vb:s3/cr3t@db`` as host ``vb``, port ``s3``): both were printed. It
+    names user@host:port/dbname from libpq's parse now, with every password piece hidden."""
+    from service.vectordb.base import VectorDBError, pg_connect
+
+    url = url.format(port=free_port())  # nothing listens there
+    with pytest.raises(VectorDBError) as err:
+        pg_connect(url, "migration checkpoint", "start it")
+    assert secret not in str(err.value) and "s3" not in str(err.value), err.value
+    assert "127.0.0.1" in str(err.value) or "vb:***@" in str(err.value), err.value
