@@ -12,18 +12,20 @@ have sent: :func:`operator_options`) first in its keyword, vecbridge's after the
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
-__all__ = ["operator_options", "pg_connect_options", "pg_target"]
+__all__ = ["operator_options", "option_settings", "pg_connect_options", "pg_target"]
 
 
-def pg_connect_options(url: str, *settings: str) -> dict:
+def pg_connect_options(url: str, *settings: str, drop: tuple[str, ...] = ()) -> dict:
     """Keyword arguments for ``psycopg.connect(url, ...)``: ``connect_timeout`` (the registry's
     :data:`~service.registry.db.PG_CONNECT_TIMEOUT_S`) unless the URL, its service file entry or
-    ``PGCONNECT_TIMEOUT`` gives one (a host that accepts nothing, a partition, was an error only after the OS's ~2
-    min TCP timeout); with ``settings`` (``"-c search_path=vb"``, ...), ``options``: :func:`operator_options`,
-    then ``settings`` (a later ``-c`` of the same name wins). ``{}`` when the URL cannot be parsed (connecting
-    says why)."""
+    ``PGCONNECT_TIMEOUT`` (an integer libpq takes: an empty or bad one failed its parse) gives one (a host that
+    accepts nothing, a partition, was an error only after the OS's ~2 min TCP timeout); with ``settings``
+    (``"-c search_path=vb"``, ...), ``options``: :func:`operator_options`, then ``settings`` (a later ``-c`` of the
+    same name wins). The operator's settings named in ``drop`` (``search_path``: a registry's schema comes from its
+    ``?schema=`` only) are left out. ``{}`` when the URL cannot be parsed (connecting says why)."""
     from .registry.db import PG_CONNECT_TIMEOUT_S
 
     try:
@@ -34,12 +36,34 @@ def pg_connect_options(url: str, *settings: str) -> dict:
         return {}
     service = _service_entry(given)
     kw: dict = {}
-    if not ("connect_timeout" in given or "PGCONNECT_TIMEOUT" in os.environ
+    env_timeout = re.fullmatch(r"\s*[-+]?\d+\s*", os.environ.get("PGCONNECT_TIMEOUT", ""))
+    if not ("connect_timeout" in given or env_timeout
             or (service is None and _service_name(given)) or "connect_timeout" in (service or {})):
         kw["connect_timeout"] = PG_CONNECT_TIMEOUT_S  # a service whose file is not found here: left to libpq too
-    if settings:
-        kw["options"] = " ".join(o for o in (operator_options(given, service), *settings) if o)
+    operator = operator_options(given, service)
+    kept = [raw for name, raw in option_settings(operator) if name not in drop]
+    if settings or len(kept) < len(option_settings(operator)):
+        kw["options"] = " ".join([*kept, *settings])  # "": send nothing (libpq takes an empty value as given)
     return kw
+
+
+def option_settings(options: str) -> list[tuple[str | None, str]]:
+    """libpq's ``options`` (as the server splits it: at white space, ``\\`` escaping) as ``(name, text)`` for
+    each setting -- ``-c name=value``, ``-cname=value``, ``--name=value``; ``name`` lower case with ``-`` as ``_``,
+    as the server reads it -- and ``(None, text)`` for anything else; ``text`` as written."""
+    words = re.findall(r"(?:\\.|\S)+", options or "")
+    out: list[tuple[str | None, str]] = []
+    i = 0
+    while i < len(words):
+        word, text = words[i], words[i]
+        if word == "-c" and i + 1 < len(words):
+            i += 1
+            word, text = "-c" + words[i], f"{text} {words[i]}"
+        i += 1
+        m = re.match(r"(?:-c|--)((?:\\.|[^=])+)=", word)
+        name = re.sub(r"\\(.)", r"\1", m[1]).lower().replace("-", "_") if m else None
+        out.append((name, text))
+    return out
 
 
 def pg_target(url: str) -> str:
@@ -62,11 +86,12 @@ def pg_target(url: str) -> str:
 
 def operator_options(given: dict, service: dict | None = None) -> str:
     """The ``options`` libpq sends for a URL parsed as ``given`` (``conninfo_to_dict``) when the call gives none:
-    the URL's, else its service file entry's (``service``: that entry, else read), else ``PGOPTIONS``; ``""``."""
-    if given.get("options"):
+    the URL's, else its service file entry's (``service``: that entry, else read), else ``PGOPTIONS``; ``""``. An
+    empty ``options=`` is one given (libpq sends nothing, never ``PGOPTIONS``)."""
+    if "options" in given:  # an empty one too: libpq sends nothing then
         return given["options"]
-    entry = _service_entry(given) if service is None else service
-    return (entry or {}).get("options") or os.environ.get("PGOPTIONS", "")
+    entry = (_service_entry(given) if service is None else service) or {}
+    return entry["options"] if "options" in entry else os.environ.get("PGOPTIONS", "")
 
 
 def _service_name(given: dict) -> str | None:
@@ -101,7 +126,7 @@ def _service_entry(given: dict) -> dict | None:
                 inside = line.rstrip("]")[1:] == name
             elif inside and "=" in line and not line.startswith("#"):
                 key, _, value = line.partition("=")
-                entry[key.strip()] = value.strip()
+                entry.setdefault(key.strip(), value.strip())  # a key given twice: libpq takes the first
         if inside or entry:
             return entry
     return None

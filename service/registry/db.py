@@ -21,7 +21,7 @@ from pathlib import Path
 
 from align.exceptions import InputError
 
-from ..pgconn import operator_options, pg_connect_options
+from ..pgconn import operator_options, option_settings, pg_connect_options
 from ..storage import OpenedFile, quick_check_findings, sqlite_connect, sqlite_damaged
 from ..urls import check_pg_userinfo, redact
 from .errors import (
@@ -497,7 +497,7 @@ class PostgresDB(_Base):
             raise InvalidNameError(_UNPARSABLE) from None
         self._given = pg_conninfo(self.url)
         self.statement_timeout_s = PG_STATEMENT_TIMEOUT_S if statement_timeout_s is None else statement_timeout_s
-        if "statement_timeout" in operator_options(self._given):
+        if "statement_timeout" in {name for name, _ in option_settings(operator_options(self._given))}:
             self.statement_timeout_s = None  # the URL's, a service file's or PGOPTIONS' own, left to the server
         wait = PG_STATEMENT_TIMEOUT_S if self.statement_timeout_s is None else self.statement_timeout_s
         self._pool = _Pool(self._connect, PG_POOL_SIZE if pool_size is None else pool_size,
@@ -539,7 +539,8 @@ class PostgresDB(_Base):
         if self.statement_timeout_s is not None:
             ours.append(f"-c statement_timeout={statement_timeout_ms(self.statement_timeout_s)}")
         try:  # after the operator's options (PGOPTIONS, the URL's): an options keyword alone replaced them
-            return psycopg.connect(self.url, autocommit=True, **pg_connect_options(self.url, *ours))
+            return psycopg.connect(self.url, autocommit=True,  # never the operator's search_path: ?schema= only
+                                   **pg_connect_options(self.url, *ours, drop=("search_path",)))
         except psycopg.OperationalError as exc:
             why = redact(str(exc).strip().splitlines()[0], self.url)  # libpq may quote a piece of the URL
             if "too many" in why:  # "too many clients already", "too many connections for role ..."

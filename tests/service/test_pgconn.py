@@ -47,3 +47,44 @@ def test_the_connect_timeout_is_left_to_whatever_gives_one(monkeypatch, tmp_path
     assert pg_connect_options(URL + "?service=unknown") == {}  # a file not read here may give one: libpq's to say
     monkeypatch.setenv("PGCONNECT_TIMEOUT", "7")
     assert pg_connect_options(URL) == {}
+
+
+@pytest.mark.parametrize("value", ["", "10s", " "])
+def test_a_connect_timeout_variable_libpq_cannot_read_is_not_taken_for_one(monkeypatch, value):
+    """``PGCONNECT_TIMEOUT=`` or ``10s`` counted as given: no keyword was passed, libpq's parse of the variable
+    failed (ProgrammingError, exit 3) where the registry opened before. Ours is passed (a keyword wins over it)."""
+    monkeypatch.setenv("PGCONNECT_TIMEOUT", value)
+    assert pg_connect_options(URL) == {"connect_timeout": db.PG_CONNECT_TIMEOUT_S}
+
+
+def test_option_settings_reads_names_as_the_server_does():
+    """``"statement_timeout" in options`` missed ``-c STATEMENT_TIMEOUT=4s`` / ``--statement-timeout=4s`` and
+    counted ``-c application_name=statement_timeout_probe``: each setting's name, as the server reads it."""
+    from service.pgconn import option_settings
+
+    options = "-c STATEMENT_TIMEOUT=4s --statement-timeout=4s -cwork_mem=1MB -c application_name=statement_timeout -B 9"
+    assert [name for name, _ in option_settings(options)] == [
+        "statement_timeout", "statement_timeout", "work_mem", "application_name", None, None]
+    assert " ".join(text for _, text in option_settings(options)) == options
+
+
+def test_the_operators_search_path_is_left_out_where_asked_and_the_rest_kept(monkeypatch):
+    """The registry's schema comes from its ``?schema=`` only: an operator's search_path (however written) is left
+    out, their other options kept; with nothing else of theirs or ours the keyword says "send nothing"."""
+    monkeypatch.setenv("PGOPTIONS", "-c lock_timeout=5s --search-path=ops -cSEARCH_PATH=ops2")
+    assert pg_connect_options(URL, "-c x=1", drop=("search_path",))["options"] == "-c lock_timeout=5s -c x=1"
+    assert pg_connect_options(URL, "-c x=1")["options"] == (
+        "-c lock_timeout=5s --search-path=ops -cSEARCH_PATH=ops2 -c x=1")
+    monkeypatch.setenv("PGOPTIONS", "-c search_path=ops")
+    assert pg_connect_options(URL, drop=("search_path",))["options"] == ""
+
+
+def test_an_empty_options_sends_nothing_and_a_repeated_service_line_is_read_as_libpq_does(monkeypatch, tmp_path):
+    """An empty ``options=`` (the URL's, the service entry's) is one given: libpq sends nothing, not PGOPTIONS;
+    of a key written twice in a service entry libpq takes the first."""
+    monkeypatch.setenv("PGOPTIONS", "-c lock_timeout=5s")
+    assert pg_connect_options(URL + "?options=", "-c x=1")["options"] == "-c x=1"
+    (tmp_path / "s.conf").write_text("[a]\noptions=\n[b]\noptions=-c work_mem=1MB\noptions=-c work_mem=2MB\n")
+    monkeypatch.setenv("PGSERVICEFILE", str(tmp_path / "s.conf"))
+    assert pg_connect_options(URL + "?service=a", "-c x=1")["options"] == "-c x=1"
+    assert pg_connect_options(URL + "?service=b", "-c x=1")["options"] == "-c work_mem=1MB -c x=1"

@@ -217,3 +217,39 @@ def test_the_operators_pgoptions_and_service_file_options_reach_the_registrys_se
         "7s", "svc-app", "vbs"]
     assert shown(pg_url + "?service=vbops&options=-c%20lock_timeout%3D9s", "lock_timeout", "application_name",
                  "statement_timeout") == ["9s", "", "30s"]  # the URL's options, as libpq reads them: not the file's
+
+
+def test_the_operators_search_path_never_moves_the_registry_but_their_other_settings_count(pg_url, tmp_path,
+                                                                                          monkeypatch):
+    """With ``PGOPTIONS="-c search_path=ops"`` (or a service file's) and no ``?schema=``, the registry worked in
+    ``ops``: one kept in ``public`` looked empty after an upgrade. Its schema comes from ``?schema=`` only; the
+    operator's other settings still reach it, and a statement_timeout of theirs is found however it is written
+    (``-cSTATEMENT_TIMEOUT=``, ``--statement-timeout=``), never in another setting's value. An empty or bad
+    ``PGCONNECT_TIMEOUT`` is not taken for one given (libpq failed to parse it: the registry did not open)."""
+    with psycopg.connect(pg_url, autocommit=True) as c:
+        c.execute("CREATE SCHEMA ops")
+    _world(pg_url, tmp_path).close()  # a registry in public, as before the upgrade
+
+    def shown(url: str, *names: str) -> list:
+        reg = open_registry(url, tmp_path / "artifacts")
+        try:
+            assert [m["name"] for m in reg.list_maps()] == ["m"]  # the registry kept in public
+            with reg.db.tx() as t:
+                return [t.one(f"SHOW {name}")[0] for name in names]
+        finally:
+            reg.close()
+
+    monkeypatch.setenv("PGOPTIONS", "-c search_path=ops -c lock_timeout=5s -c application_name=statement_timeout_x")
+    assert shown(pg_url, "lock_timeout", "application_name", "statement_timeout") == [
+        "5s", "statement_timeout_x", "30s"]
+    monkeypatch.setenv("PGOPTIONS", "--search-path=ops -cSTATEMENT_TIMEOUT=4s")
+    assert shown(pg_url, "statement_timeout") == ["4s"]
+    monkeypatch.setenv("PGOPTIONS", "--statement-timeout=3s -c search_path=ops")
+    assert shown(pg_url, "statement_timeout") == ["3s"]
+    monkeypatch.delenv("PGOPTIONS")
+    (tmp_path / "services.conf").write_text("[vbops]\noptions=-c search_path=ops -c lock_timeout=7s\n")
+    monkeypatch.setenv("PGSERVICEFILE", str(tmp_path / "services.conf"))
+    assert shown(pg_url + "?service=vbops", "lock_timeout") == ["7s"]
+    for bad in ("", "10s"):
+        monkeypatch.setenv("PGCONNECT_TIMEOUT", bad)
+        assert shown(pg_url, "statement_timeout") == ["30s"]
