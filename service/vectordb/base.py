@@ -67,8 +67,9 @@ def pg_connect(url: str, what: str, todo: str, *settings: str):
     """``psycopg.connect(url)`` in autocommit, with :func:`~service.pgconn.pg_connect_options` (``settings`` after
     the operator's options). A failure is VectorDBUnavailableError (a server down, restarting or unreachable: exit
     75, 503 with Retry-After) or VectorDBError (a wrong password, role, database or URL: exit 2), naming ``what``,
-    where it connects (:func:`~service.pgconn.pg_target`: never its password) and ``todo``; libpq's words are redacted (its parse errors quote the URL or
-    a piece of it: a password with a stray "%"). A checkpoint's was psycopg's own OperationalError (exit 3)."""
+    where it connects (:func:`~service.pgconn.pg_target`: never its password) and ``todo``; libpq's words are
+    redacted (its parse errors quote the URL or a piece of it: a password with a stray "%"). A checkpoint's was
+    psycopg's own OperationalError (exit 3)."""
     import psycopg
 
     from ..registry.db import refused_for_good

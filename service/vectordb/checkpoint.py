@@ -40,6 +40,9 @@ __all__ = ["Checkpoint", "FileCheckpoint", "PgCheckpoint", "MemoryCheckpoint"]
 #: tries again before it is refused: a probe lets the lock go at once, a run holds it for its whole length
 PROBE_GRACE_S = 0.5
 
+#: PostgreSQL's longest ``statement_timeout`` (2^31 - 1 ms), in whole seconds: a longer one failed its ``SET``
+PG_MAX_TIMEOUT_S = 2147483
+
 
 class Checkpoint:
     """Interface: ``load() -> dict | None``, ``save(state: dict)``, ``clear()``; ``lock()`` (a context manager
@@ -263,6 +266,9 @@ class PgCheckpoint(Checkpoint):
                  statement_timeout_s: float | None = None):
         from ..registry.db import PG_STATEMENT_TIMEOUT_S
 
+        if statement_timeout_s is not None and not 0 <= statement_timeout_s <= PG_MAX_TIMEOUT_S:  # nan too
+            raise InputError(f"statement_timeout_s must be 0 (no limit) to {PG_MAX_TIMEOUT_S} seconds (PostgreSQL's "
+                             f"longest statement_timeout), got {statement_timeout_s!r}")
         self.url = url
         self.key = key
         self.table = check_name(table, "table")
@@ -287,8 +293,12 @@ class PgCheckpoint(Checkpoint):
         conn = pg_connect(self.url, "migration checkpoint",
                           "start the checkpoint's database or fix the URL given to PgCheckpoint, then run the "
                           "migration again: it resumes from the checkpoint")
-        if self.statement_timeout_s and conn.execute("SHOW statement_timeout").fetchone()[0] == "0":
-            conn.execute(f"SET statement_timeout = {statement_timeout_ms(self.statement_timeout_s)}")
+        try:
+            if self.statement_timeout_s and conn.execute("SHOW statement_timeout").fetchone()[0] == "0":
+                conn.execute(f"SET statement_timeout = {statement_timeout_ms(self.statement_timeout_s)}")
+        except BaseException:  # the session ended meanwhile, ...: not left open
+            conn.close()
+            raise
         return conn
 
     def load(self):
@@ -329,14 +339,17 @@ class PgCheckpoint(Checkpoint):
     def lock_held(self) -> bool | None:
         """Whether a run holds :meth:`lock` now, asked on a connection of its own (a session's advisory locks are
         its own to take again: asked on :attr:`conn`, a lock this object holds read free): the lock taken and let
-        go at once (False), or refused (True). None when the database cannot be reached to ask."""
+        go at once (False), or refused (True). None when the database cannot be reached to ask, or its session ends
+        before it answers (terminated, the server restarting)."""
+        import psycopg
+
         try:
             with self._connect() as probe:
                 if not probe.execute("SELECT pg_try_advisory_lock(hashtext(%s))", (self.lock_key,)).fetchone()[0]:
                     return True
                 probe.execute("SELECT pg_advisory_unlock(hashtext(%s))", (self.lock_key,))
                 return False
-        except VectorDBError:  # cannot be reached (or refused): cannot be told
+        except (VectorDBError, psycopg.OperationalError):  # cannot be reached, or the session ended mid-probe
             return None
 
     def close(self):

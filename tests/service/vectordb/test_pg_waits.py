@@ -126,14 +126,48 @@ def test_a_checkpoints_statement_timeout_is_the_one_it_is_given(pg_url):
 def test_a_checkpoint_database_nobody_listens_on_is_a_vecbridge_error_naming_it_without_its_password():
     """A migration whose checkpoint database was down failed with psycopg's own OperationalError (exit 3, "internal
     error"; a job's 500). Now VectorDBUnavailableError: exit 75 and 503 with Retry-After (the rows so far are
-    checkpointed), the URL as the project shows URLs and what to do; the lock probe cannot tell (None)."""
+    checkpointed), where it connects (user@host:port/dbname, never the password) and what to do; the lock probe
+    cannot tell (None)."""
     url = f"postgresql://vb:s3cr3t@127.0.0.1:{free_port()}/vb"
     with pytest.raises(VectorDBUnavailableError) as err:
         PgCheckpoint(url, "a->b")
     message = str(err.value)
-    assert f"migration checkpoint: cannot connect to postgresql://vb:***@127.0.0.1:{url.rsplit(':', 1)[1]}" in message
+    assert f"migration checkpoint: cannot connect to vb@127.0.0.1:{url.rsplit(':', 1)[1]}" in message
     assert "s3cr3t" not in message and "run the migration again" in message, message
     assert exit_code(err.value) == 75 and retry_after_of(err.value) == 5
     probe = object.__new__(PgCheckpoint)
     probe.url, probe.table, probe.key, probe.statement_timeout_s = url, "vecbridge_migrations", "a->b", 30
     assert probe.lock_held() is None
+
+
+@pytest.mark.parametrize("given", [-1, float("nan"), float("inf"), 3e6])
+def test_a_checkpoint_statement_timeout_postgresql_cannot_take_is_refused_before_connecting(given):
+    """``statement_timeout_s=-1`` (or nan, inf, more than PostgreSQL's 2^31-1 ms) went on to connect and fail there
+    (a SET error, a connection left open, or here the unreachable database's error): an InputError naming the range,
+    before connecting (nothing listens on this port)."""
+    from align.exceptions import InputError
+
+    with pytest.raises(InputError, match="statement_timeout_s must be 0"):
+        PgCheckpoint(f"postgresql://vb@127.0.0.1:{free_port()}/vb", "a->b", statement_timeout_s=given)
+
+
+@pytest.mark.postgres
+def test_a_lock_probe_whose_session_ends_mid_probe_cannot_tell(pg_url, monkeypatch):
+    """The probe caught only VectorDBError (a connect failure): a session terminated while it asked (an admin's
+    pg_terminate_backend, a server restart) raised psycopg's OperationalError out of a status read. None: cannot
+    be told. The probe's session here ends itself: its search_path finds a ``hashtext`` that terminates it."""
+    import psycopg
+
+    with psycopg.connect(pg_url, autocommit=True) as c:
+        c.execute("CREATE SCHEMA ends")
+        c.execute("CREATE FUNCTION ends.hashtext(text) RETURNS int LANGUAGE sql AS "
+                  "'SELECT pg_terminate_backend(pg_backend_pid())::int'")
+    ck = PgCheckpoint(pg_url, "a->b")
+    try:
+        assert ck.lock_held() is False
+        monkeypatch.setenv("PGOPTIONS", "-c search_path=ends,pg_catalog")  # the probe's session only: made after
+        assert ck.lock_held() is None
+        monkeypatch.delenv("PGOPTIONS")
+        assert ck.lock_held() is False
+    finally:
+        ck.close()
