@@ -83,13 +83,19 @@ def url_secrets(url: str) -> list[str]:
     return sorted({v for p in found if p for v in (p, unquote(p))}, key=len, reverse=True)
 
 
+#: a secret this long or longer is hidden wherever it appears in a message; a shorter one only as a word of its own
+_WHOLE_FROM = 4
+
+
 def redact(message: str, url: str) -> str:
     """``message`` with ``url`` shown as :func:`safe_url` shows it and any password of it as ``***``; the pieces of a
     password after an ``@`` too, where an ``@`` follows them (libpq read ``S3C@RET@db`` as the host ``RET@db``)."""
     message = str(message).replace(str(url), safe_url(url))
     secrets = url_secrets(url)
-    for secret in secrets:
-        message = message.replace(secret, "***")
+    for secret in secrets:  # a short one (a piece of a password split at a "/": "a" of a/bc...) only as a word of
+        # its own: replaced everywhere, it made "cannot" "c***nnot"
+        message = (message.replace(secret, "***") if len(secret) >= _WHOLE_FROM else
+                   re.sub(rf"(?<![A-Za-z0-9]){re.escape(secret)}(?![A-Za-z0-9])", "***", message))
     tails = {s.split("@", i)[-1] for s in secrets for i in range(1, s.count("@") + 1)}
     for tail in sorted(tails, key=len, reverse=True):
         if tail:

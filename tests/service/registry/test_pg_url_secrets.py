@@ -214,3 +214,15 @@ def test_a_checkpoint_that_cannot_connect_names_its_target_without_the_password(
         pg_connect(url, "migration checkpoint", "start it")
     assert secret not in str(err.value) and "s3" not in str(err.value), err.value
     assert "127.0.0.1" in str(err.value) or "vb:***@" in str(err.value), err.value
+
+
+def test_a_short_piece_of_a_password_is_hidden_as_a_word_not_inside_every_word():
+    """A password with a raw ``/`` (``a/bcdefgh``) is split by libpq (the piece before it read as the port), so
+    its pieces are secrets too; a one-letter piece was replaced inside every word of the message ("c***nnot
+    connect", "inv***lid"). A short piece is hidden where it stands as a word of its own; long ones everywhere."""
+    from service.urls import redact
+
+    url = "postgresql://vb:a/bcdefgh@127.0.0.1:5432/vb"
+    got = redact('cannot connect to vb@vb:a/bcdefgh@127.0.0.1: invalid port number "a"', url)
+    assert got == 'cannot connect to vb@vb:***@127.0.0.1: invalid port number "***"', got
+    assert redact("the wrong password for vbcdefghx", url) == "the wrong password for v***x"
