@@ -71,36 +71,29 @@ def test_a_resume_leaving_out_what_the_run_gave_as_the_default_goes_on_and_a_rea
         assert s.get_space("dst") == "b"
 
 
-def test_a_resume_giving_a_field_the_first_run_left_to_the_engine_is_refused_if_it_differs(world):
+@pytest.mark.parametrize(("option", "other", "default", "added"), [("text_field", "body", "text", {}),
+                                                           ("index", "hnsw", "like", {"alias": "live"})])
+def test_a_resume_may_not_change_what_an_option_the_first_run_left_unset_means(world, option, other, default, added):
     """A run that gave no field names, stopped, then resumed with ``--text-field body``: the default was read from the
     store opened for the resume (opened with ``body``), so recorded None resolved to ``body`` and the change went
-    through, recorded in the checkpoint. The engine's own default (``text``) is what None means: refused, the
-    checkpoint untouched; giving that default explicitly is no change."""
-    ck = world["tmp"] / "bare.json"
-    with pytest.raises(MigrationInterrupted):
-        _migrate(world, ck, stop=True)
-    before = ck.read_text()
-    with pytest.raises(CheckpointMismatchError, match=r"--text-field None \(default 'text'\) \(this run: 'body'\)"):
-        _migrate(world, ck, text_field="body")
-    assert ck.read_text() == before
-    rep = _migrate(world, ck, text_field="text")  # the engine's default, given: the same
-    assert rep.rows == N and rep.resumed_from is not None, rep
+    through, recorded in the checkpoint. The engine's own default (``text``) is what None means.
 
-
-def test_a_resume_may_not_add_another_index_to_a_run_that_gave_none(world):
-    """No ``--index`` means ``like``, yet a run started without one resumed with ``--index hnsw`` (an unset option
+    No ``--index`` means ``like``, yet a run started without one resumed with ``--index hnsw`` (an unset option
     could be added) while one started with ``--index like`` was refused the same change. The run may have built its
-    index already (stopped in its finalize; the checkpoint cannot tell), and another kind builds a second one: the
-    change is refused either way, naming it, the checkpoint untouched; ``--index like`` is no change."""
-    ck = world["tmp"] / "no_index.json"
+    index already (stopped in its finalize; the checkpoint cannot tell), and another kind builds a second one.
+
+    Both are refused, naming the option and the default it stands for, the checkpoint untouched; giving that default
+    explicitly is no change (and an alias may still be added)."""
+    ck = world["tmp"] / f"unset_{option}.json"
     with pytest.raises(MigrationInterrupted):
         _migrate(world, ck, stop=True)
     before = ck.read_text()
-    with pytest.raises(CheckpointMismatchError, match=r"--index None \(default 'like'\) \(this run: 'hnsw'\)"):
-        _migrate(world, ck, index="hnsw")
+    flag = "--" + option.replace("_", "-")
+    with pytest.raises(CheckpointMismatchError, match=rf"{flag} None \(default '{default}'\) \(this run: '{other}'\)"):
+        _migrate(world, ck, **{option: other})
     assert ck.read_text() == before
-    rep = _migrate(world, ck, index="like", alias="live")  # what no --index means; an alias may still be added
-    assert rep.rows == N and rep.resumed_from is not None and rep.alias == "live", rep
+    rep = _migrate(world, ck, **{option: default}, **added)
+    assert rep.rows == N and rep.resumed_from is not None and rep.alias == added.get("alias", rep.alias), rep
 
 
 def test_a_refused_resume_over_http_names_the_requests_fields(world):
@@ -121,7 +114,8 @@ def test_a_refused_resume_over_http_names_the_requests_fields(world):
         job = wait_http_job(c, r.json()["id"], headers=W)
     assert job["state"] == "failed" and job["error"]["type"] == "CheckpointMismatchError", job
     msg = job["error"]["message"]
-    assert 'alias "live" (this request: null)' in msg and 'index "hnsw" (this request: null (default "like"))' in msg, msg
+    assert 'alias "live" (this request: null)' in msg, msg
+    assert 'index "hnsw" (this request: null (default "like"))' in msg, msg
     assert "--" not in msg.split(" was started with other options: ", 1)[1], msg  # no CLI flag, no CLI command
     assert "GET /v1/migrations" in msg, msg
 
@@ -218,17 +212,8 @@ def test_the_printed_resume_command_of_a_run_on_another_registry_resumes_it_ther
     (data / "registry.sqlite").rename(other)
     reg = f"sqlite:///{other.resolve()}"
     common = ["migrate", "--store", world["url"], "--source", "src", "--target", "dst", "--map", "a2b"]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    child = subprocess.Popen([*_CLI, "--data-dir", "data", "--registry-url", "sqlite:///data/other.sqlite", *common,
-                              "--batch-size", "20", "--pause", "1.0", "--json"], cwd=world["tmp"], env=env,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        assert "done" in json.loads(read_line(child) or "{}")  # a batch is written and checkpointed
-        child.send_signal(signal.SIGTERM)  # stops after the batch in flight
-        _, err = child.communicate(timeout=60)
-    finally:
-        child.kill()
-    assert child.returncode == 143, err
+    _stopped_after_a_batch([*_CLI, "--data-dir", "data", "--registry-url", "sqlite:///data/other.sqlite", *common,
+                            "--batch-size", "20", "--pause", "1.0", "--json"], world["tmp"])
     capsys.readouterr()
     assert main(["--data-dir", str(data), "--registry-url", reg, *common, "--status"]) == 0
     line = capsys.readouterr().out.strip()
@@ -253,19 +238,10 @@ def test_the_module_commands_run_records_its_registry_for_the_resume_command(wor
     world["registry"].close()
     other = world["data"] / "other.sqlite"
     (world["data"] / "registry.sqlite").rename(other)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    child = subprocess.Popen([sys.executable, "-m", "service.vectordb", "migrate", "--store", world["url"],
-                              "--source", "src", "--target", "dst", "--map", "a2b", "--checkpoint", "ck.json",
-                              "--registry", "sqlite:///data/other.sqlite", "--artifact-dir", "data/artifacts",
-                              "--batch-size", "20", "--pause", "1.0"], cwd=world["tmp"], env=env,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        assert "done" in json.loads(read_line(child) or "{}")  # a batch is written and checkpointed
-        child.send_signal(signal.SIGTERM)  # stops after the batch in flight
-        _, err = child.communicate(timeout=60)
-    finally:
-        child.kill()
-    assert child.returncode == 143, err
+    _stopped_after_a_batch([sys.executable, "-m", "service.vectordb", "migrate", "--store", world["url"],
+                            "--source", "src", "--target", "dst", "--map", "a2b", "--checkpoint", "ck.json",
+                            "--registry", "sqlite:///data/other.sqlite", "--artifact-dir", "data/artifacts",
+                            "--batch-size", "20", "--pause", "1.0"], world["tmp"])
     capsys.readouterr()
     assert vectordb_main(["status", "--checkpoint", str(world["tmp"] / "ck.json")]) == 0
     st = json.loads(capsys.readouterr().out)
@@ -273,3 +249,17 @@ def test_the_module_commands_run_records_its_registry_for_the_resume_command(wor
     argv = shlex.split(st["resume"])
     assert argv[argv.index("--registry-url") + 1] == f"sqlite:///{other.resolve()}", argv
     assert argv.index("--registry-url") < argv.index("migrate"), argv
+
+
+def _stopped_after_a_batch(cmd: list, cwd) -> None:
+    """Run the migration ``cmd`` (JSON progress lines) in ``cwd``; SIGTERM it once a batch is written and
+    checkpointed, so it stops after the batch in flight (exit 143)."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    child = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert "done" in json.loads(read_line(child) or "{}")
+        child.send_signal(signal.SIGTERM)
+        _, err = child.communicate(timeout=60)
+    finally:
+        child.kill()
+    assert child.returncode == 143, err
