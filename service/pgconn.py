@@ -24,8 +24,8 @@ def pg_connect_options(url: str, *settings: str, drop: tuple[str, ...] = ()) -> 
     ``PGCONNECT_TIMEOUT`` (an integer libpq takes: an empty or bad one failed its parse) gives one (a host that
     accepts nothing, a partition, was an error only after the OS's ~2 min TCP timeout); with ``settings``
     (``"-c search_path=vb"``, ...), ``options``: :func:`operator_options`, then ``settings`` (a later ``-c`` of the
-    same name wins). The operator's settings named in ``drop`` (``search_path``: a registry's schema comes from its
-    ``?schema=`` only) are left out. ``{}`` when the URL cannot be parsed (connecting says why)."""
+    same name wins). The settings named in ``drop`` (``search_path``: a registry's schema comes from its URL) are
+    left out of ``PGOPTIONS``' and a service file's options, never of the URL's own. ``{}`` when the URL cannot be parsed (connecting says why)."""
     from .registry.db import PG_CONNECT_TIMEOUT_S
 
     try:
@@ -41,6 +41,8 @@ def pg_connect_options(url: str, *settings: str, drop: tuple[str, ...] = ()) -> 
             or (service is None and _service_name(given)) or "connect_timeout" in (service or {})):
         kw["connect_timeout"] = PG_CONNECT_TIMEOUT_S  # a service whose file is not found here: left to libpq too
     operator = operator_options(given, service)
+    if "options" in given:  # the URL's own options are the caller's: a search_path there is its schema, kept
+        drop = ()
     kept = [raw for name, raw in option_settings(operator) if name not in drop]
     if settings or len(kept) < len(option_settings(operator)):
         kw["options"] = " ".join([*kept, *settings])  # "": send nothing (libpq takes an empty value as given)
@@ -60,7 +62,7 @@ def option_settings(options: str) -> list[tuple[str | None, str]]:
             i += 1
             word, text = "-c" + words[i], f"{text} {words[i]}"
         i += 1
-        m = re.match(r"(?:-c|--)((?:\\.|[^=])+)=", word)
+        m = re.match(r"(?:-c|--)((?:\\.|[^=\\])+)=", word)  # no "\\" in [^=]: it backtracked exponentially
         name = re.sub(r"\\(.)", r"\1", m[1]).lower().replace("-", "_") if m else None
         out.append((name, text))
     return out
@@ -70,7 +72,8 @@ def pg_target(url: str) -> str:
     """Where ``url`` (a URL or a libpq conninfo string: ``host=db password=s3cr3t dbname=vb``) connects, as an
     error may name it: ``user@host:port/dbname`` from libpq's parse, never the password (:func:`safe_url` cannot
     hide one in a conninfo string); every password found in it (:func:`url_secrets`: a raw ``/`` in the user part
-    made libpq read a piece as the port) is still ``***``. Unparsable: :func:`safe_url`, redacted."""
+    made libpq read a piece as the port) is still ``***``. Unparsable: a URL as :func:`safe_url` shows it,
+    redacted; a conninfo string not at all (a password in it is not found for sure: an unclosed quote, ``\\ ``)."""
     from .urls import redact, safe_url
 
     try:
@@ -78,7 +81,9 @@ def pg_target(url: str) -> str:
 
         given = conninfo_to_dict(url)
     except Exception:  # noqa: BLE001 - psycopg's ProgrammingError (a stray "%"), or no psycopg
-        return redact(safe_url(url), url)
+        if re.match(r"postgres(?:ql)?://", url):
+            return redact(safe_url(url), url)
+        return "a connection string that cannot be parsed (not shown: it may hold a password)"
     user = f"{given['user']}@" if given.get("user") else ""
     port = f":{given['port']}" if given.get("port") else ""
     return redact(f"{user}{given.get('host') or given.get('hostaddr') or ''}{port}/{given.get('dbname') or ''}", url)

@@ -33,13 +33,13 @@ def _secret_param(name: str) -> bool:
 
 def _params(url: str):
     """Each query parameter of ``url`` as ``(start, end, separator, name, value)``, as written. A password's value
-    runs to the next ``&`` or ``#`` (libpq takes a ``?`` in it as part of it: ``password=s3?cr3t``); any other's
-    stops at a ``?`` too, so a ``?password=`` inside another parameter's value (which libpq may quote in its error)
-    is found as well."""
+    runs to the next ``&`` (libpq takes a ``?`` or ``#`` in it as part of it: ``password=s3?cr#3t``); any other's
+    stops at a ``?`` or ``#`` too, so a ``?password=`` inside another parameter's value (which libpq may quote in
+    its error) is found as well."""
     pos = 0
     while (m := _PARAM_NAME.search(url, pos)) is not None:
         secret = _secret_param(m[2])
-        end = re.compile(r"[&#]" if secret else r"[&#?]").search(url, m.end())
+        end = re.compile(r"&" if secret else r"[&#?]").search(url, m.end())
         end = len(url) if end is None else end.start()
         yield m.start(), end, m[1], m[2], url[m.end():end]
         pos = end
@@ -49,7 +49,7 @@ def _userinfo(url: str) -> re.Match | None:
     """The password of ``url``'s user part (group 2): up to the last ``@`` before the first ``/``, else (a ``/`` in
     it not written ``%2F``: ``vb:s3/cr3t@db``, which libpq misreads) up to the first ``@`` after that ``/``."""
     return (re.match(r"([A-Za-z][A-Za-z0-9+.-]*://[^/@:]*):([^/]*)@", url)
-            or re.match(r"([A-Za-z][A-Za-z0-9+.-]*://[^/@:?#]*):([^@/?#]*/[^@?#]*)@", url))
+            or re.match(r"([A-Za-z][A-Za-z0-9+.-]*://[^/@:?#]*):([^@/?#]*/[^@]*)@", url))
 
 
 def safe_url(url: str) -> str:

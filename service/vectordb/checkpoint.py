@@ -26,6 +26,7 @@ from pathlib import Path
 from align.exceptions import InputError
 
 from ..storage import atomic_write, still_linked
+from ..urls import check_pg_userinfo
 from .base import (
     CheckpointMismatchError,
     MigrationRunningError,
@@ -269,7 +270,8 @@ class PgCheckpoint(Checkpoint):
         if statement_timeout_s is not None and not 0 <= statement_timeout_s <= PG_MAX_TIMEOUT_S:  # nan too
             raise InputError(f"statement_timeout_s must be 0 (no limit) to {PG_MAX_TIMEOUT_S} seconds (PostgreSQL's "
                              f"longest statement_timeout), got {statement_timeout_s!r}")
-        self.url = url
+        # a raw "@" in the user part made libpq read part of the password as the host, which the error then named
+        self.url = check_pg_userinfo(url, "checkpoint URL")
         self.key = key
         self.table = check_name(table, "table")
         #: the longest a read or write may wait (the registry's setting, ``registry_statement_timeout_s``: pass

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from service.pgconn import pg_connect_options
+from service.pgconn import option_settings, pg_connect_options
 from service.registry import db
 
 pytest.importorskip("psycopg")
@@ -60,8 +60,6 @@ def test_a_connect_timeout_variable_libpq_cannot_read_is_not_taken_for_one(monke
 def test_option_settings_reads_names_as_the_server_does():
     """``"statement_timeout" in options`` missed ``-c STATEMENT_TIMEOUT=4s`` / ``--statement-timeout=4s`` and
     counted ``-c application_name=statement_timeout_probe``: each setting's name, as the server reads it."""
-    from service.pgconn import option_settings
-
     options = "-c STATEMENT_TIMEOUT=4s --statement-timeout=4s -cwork_mem=1MB -c application_name=statement_timeout -B 9"
     assert [name for name, _ in option_settings(options)] == [
         "statement_timeout", "statement_timeout", "work_mem", "application_name", None, None]
@@ -77,6 +75,21 @@ def test_the_operators_search_path_is_left_out_where_asked_and_the_rest_kept(mon
         "-c lock_timeout=5s --search-path=ops -cSEARCH_PATH=ops2 -c x=1")
     monkeypatch.setenv("PGOPTIONS", "-c search_path=ops")
     assert pg_connect_options(URL, drop=("search_path",))["options"] == ""
+
+
+def test_a_search_path_in_the_urls_own_options_is_the_callers_and_kept(monkeypatch):
+    """A registry URL's ``options=-c search_path=vbs`` is where its schema is (as ``?schema=`` is): dropping it with
+    PGOPTIONS' moved that registry to an empty ``public``. Only PGOPTIONS' and a service file's are left out."""
+    monkeypatch.setenv("PGOPTIONS", "-c search_path=ops")
+    url = URL + "?options=-c%20search_path%3Dvbs%20-c%20lock_timeout%3D5s"
+    assert pg_connect_options(url, "-c x=1", drop=("search_path",))["options"] == (
+        "-c search_path=vbs -c lock_timeout=5s -c x=1")
+
+
+def test_a_name_of_backslashes_is_read_at_once():
+    """``-c`` then a run of backslashes and no ``=``: the name pattern backtracked exponentially (0.9 s at 34 of them,
+    ~7x per 4 more); read at once now, as no setting."""
+    assert option_settings("-cx" + "\\" * 200) == [(None, "-cx" + "\\" * 200)]
 
 
 def test_an_empty_options_sends_nothing_and_a_repeated_service_line_is_read_as_libpq_does(monkeypatch, tmp_path):

@@ -226,3 +226,40 @@ def test_a_short_piece_of_a_password_is_hidden_as_a_word_not_inside_every_word()
     got = redact('cannot connect to vb@vb:a/bcdefgh@127.0.0.1: invalid port number "a"', url)
     assert got == 'cannot connect to vb@vb:***@127.0.0.1: invalid port number "***"', got
     assert redact("the wrong password for vbcdefghx", url) == "the wrong password for v***x"
+
+
+@pytest.mark.parametrize(("url", "secret"), [
+    ("postgresql://vb@db/vb?password=abc#SecretTail99&sslmode=require", "SecretTail99"),
+    ("postgresql://vb@db/vb?sslpassword=k#ey2Tail", "ey2Tail"),
+    ("postgresql://vb:S3cr/et?xyzTail@127.0.0.1:5432/vb", "xyzTail"),
+])
+def test_a_password_holding_a_hash_or_a_slash_then_a_question_mark_is_hidden_whole(url, secret):
+    """libpq keeps a ``#`` inside a parameter's value (no fragments), and a user part with a raw ``/`` then ``?``
+    runs to its ``@``: ``safe_url`` showed ``password=***#SecretTail99`` and the whole ``S3cr/et?xyz`` (the
+    migration checkpoint records and prints the registry URL so)."""
+    from service.pgconn import pg_target
+    from service.urls import redact, safe_url
+
+    assert secret not in safe_url(url) and secret not in pg_target(url), (safe_url(url), pg_target(url))
+    assert secret not in redact(f"could not connect with {url}", url)
+
+
+@pytest.mark.parametrize("conninfo", ["host=127.0.0.1 port=5432 password='abc defSecret99 dbname=vb",
+                                      "host=127.0.0.1 port=5432 password=abc\\ defSecret99 dbname='vb"])
+def test_a_connection_string_libpq_cannot_parse_is_not_shown(conninfo):
+    """An unclosed quote or an escaped space: the password scanner found only its first word, and the error named
+    the rest (``password=*** defSecret99``); a conninfo string that cannot be parsed is not shown at all."""
+    from service.pgconn import pg_target
+
+    assert "Secret99" not in pg_target(conninfo) and "not shown" in pg_target(conninfo), pg_target(conninfo)
+
+
+def test_a_checkpoint_url_with_a_raw_at_in_its_user_part_is_refused_before_connecting():
+    """``alice@corp:S3cretPw@host``: libpq read ``corp:S3cretPw@host`` as the host and the checkpoint's connect error
+    named it, password and all; refused as the registry and the pgvector store refuse it, before any connection."""
+    from align.exceptions import InputError
+    from service.vectordb.checkpoint import PgCheckpoint
+
+    with pytest.raises(InputError) as err:
+        PgCheckpoint(f"postgresql://alice@corp:S3cretPw@127.0.0.1:{free_port()}/vb", "a->b")
+    assert "S3cretPw" not in str(err.value) and "%40" in str(err.value), err.value
