@@ -458,7 +458,8 @@ _CUT_ANSWER_S = 5.0  # longest wait, after a second Ctrl-C, for the answers of t
 
 async def _answer_cut(server) -> None:
     """Once ``server`` (uvicorn's) has shut down at once on a second Ctrl-C: cancel the requests still open and wait
-    (up to ``_CUT_ANSWER_S``) for their answers, the middleware's 503 that says so.
+    (up to ``_CUT_ANSWER_S``) for their answers, the middleware's 503 that says so; then stop the app (its lifespan's
+    shutdown, up to ``_CUT_ANSWER_S`` more), which uvicorn skips on a forced stop.
 
     uvicorn leaves them to ``asyncio.run``'s end, after it has raised the stop signals it caught again, the last one
     first. A worker of ``serve --workers N`` had caught its supervisor's SIGTERM too (Ctrl-C reaches the supervisor,
@@ -473,6 +474,14 @@ async def _answer_cut(server) -> None:
             task.cancel()
     if cut:
         await asyncio.wait(cut, timeout=_CUT_ANSWER_S)
+    # then the app's own stop (jobs recorded interrupted, indexes, registry), which uvicorn skips on a forced stop: its
+    # lifespan task was left waiting, and asyncio.run's end cancelled it, an ERROR "Exception in 'lifespan' protocol"
+    # CancelledError traceback on every double Ctrl-C. A stop that fails or hangs still logs an ERROR
+    lifespan = getattr(server, "lifespan", None)
+    ended = getattr(lifespan, "shutdown_event", None)  # set once it ended (uvicorn stopped it: no second call)
+    if ended is not None and not ended.is_set():
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(lifespan.shutdown(), _CUT_ANSWER_S)
 
 
 def _mark_forced(server, app) -> None:
