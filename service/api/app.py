@@ -430,7 +430,8 @@ def _note_forced_stop(app) -> None:
     """A worker's second Ctrl-C marks ``app`` stopped at once (``app.state.stop_forced``), as :func:`_run`'s server
     does for one process: the 503 of a request it cuts says "stopped at once by a second stop signal". A worker runs
     uvicorn's own server, so its cut requests said they were "still open shutdown_timeout_s after the stop signal".
-    And that server's shutdown is followed by :func:`_answer_cut`, as :func:`_run`'s is.
+    And that server's shutdown is followed by :func:`_answer_cut`, as :func:`_run`'s is; on a forced stop, a SIGTERM
+    it caught (its supervisor's) is then what ends it.
     Called while that server loads the app, inside its signal handling: its SIGINT handler is chained."""
     if threading.current_thread() is not threading.main_thread():
         return
@@ -449,6 +450,13 @@ def _note_forced_stop(app) -> None:
     async def shutdown_then_answer(sockets=None) -> None:
         await shutdown(sockets=sockets)
         await _answer_cut(server)
+        caught = getattr(server, "_captured_signals", [])
+        if server.force_exit and signal.SIGTERM in caught:
+            # uvicorn raises what it caught again, the last first: a third Ctrl-C during _answer_cut's wait came
+            # before the supervisor's SIGTERM, and two SIGINTs in a row are asyncio.run's KeyboardInterrupt, whose
+            # end waits for tasks that ignore their cancel and for job threads without limit. The SIGTERM ends the
+            # worker at once (its default action), whatever else came
+            caught[:] = [signal.SIGTERM]
 
     server.shutdown = shutdown_then_answer
 
