@@ -116,6 +116,11 @@ def file_size_limit(n_bytes: int) -> Iterator[None]:
         resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
 
 
+def children(pid: int) -> list[int]:
+    """The process ids of ``pid``'s direct children (Linux /proc)."""
+    return [int(c) for t in Path(f"/proc/{pid}/task").iterdir() for c in (t / "children").read_text().split()]
+
+
 def rss_kib(pid: int) -> int:
     """Resident set size of ``pid`` plus its direct children (e.g. uvicorn workers), KiB (Linux /proc)."""
     pids = [pid]

@@ -419,6 +419,9 @@ def worker_app() -> FastAPI:
     process too, then :func:`create_app` with the settings the parent passed on as ``VECBRIDGE_*`` variables (and the
     local key, read from its file as the parent did: a secret kept out of the environment, as a ``_FILE`` setting)."""
     _stop_with_parent()
+    if hasattr(signal, "pthread_sigmask") and threading.current_thread() is threading.main_thread():
+        # its server's handler is set: a Ctrl-C (one that came while it started too) stops it now
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # blocked while it started: supervisor.Worker
     s, key_file = ensure_local_key(get_settings())  # the parent made the file; without one: the environment's
     configure_logging(s.log_level, server=True)
     app = create_app(s if key_file is not None else None)

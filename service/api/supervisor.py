@@ -13,7 +13,9 @@ busy host answers late), one silent worker (SIGSTOP, a frozen cgroup, a long cal
   thread of its own within milliseconds, also on a loaded host, so a hung worker is replaced after 10 s, not 60 s;
 - at the stop each worker is sent SIGTERM (graceful stop, up to ``shutdown_timeout_s``) and asked once more; one
   that neither answers nor ends within ``STOP_CHECK_S`` is killed (SIGKILL): a stopped worker does not act on a
-  SIGTERM, and the supervisor waited for it for ever.
+  SIGTERM, and the supervisor waited for it for ever;
+- a worker starts with SIGINT blocked until its server handles it (:class:`Worker`): a Ctrl-C while it was still
+  importing wrote a plain-text KeyboardInterrupt traceback into the JSON log.
 """
 
 from __future__ import annotations
@@ -23,11 +25,12 @@ import os
 import pickle
 import signal
 import time
+from multiprocessing import resource_tracker
 
 from uvicorn.config import STARTUP_FAILURE
 from uvicorn.supervisors.multiprocess import Multiprocess, Process
 
-__all__ = ["SERVING_CHECK_S", "STOP_CHECK_S", "Supervisor", "died"]
+__all__ = ["SERVING_CHECK_S", "STOP_CHECK_S", "Supervisor", "Worker", "died"]
 
 SERVING_CHECK_S = 10.0  # longest wait for a serving worker's answer (a starting one: timeout_worker_healthcheck)
 STOP_CHECK_S = 2.0  # longest wait, at the stop, for a worker's last answer before it is killed
@@ -53,6 +56,24 @@ def died(pid: int, exitcode: int | None, hung: bool = False) -> str:
     else:
         why = f"exited with code {exitcode}"
     return f"Child process [{pid}] died: {why}; starting a new one"
+
+
+class Worker(Process):
+    """uvicorn's worker process, started with SIGINT blocked (the mask passes through fork and exec) until its server
+    handles it (:func:`service.api.app.worker_app` unblocks it): a Ctrl-C while it imported the service (a second
+    or more) raised KeyboardInterrupt there, a plain-text traceback amid the JSON log lines. Now it waits, and the
+    supervisor's SIGTERM (its stop) ends the worker quietly, or its server stops gracefully once loaded."""
+
+    def start(self) -> None:
+        if not hasattr(signal, "pthread_sigmask"):  # Windows
+            super().start()
+            return
+        resource_tracker.ensure_running()  # its first start unblocks SIGINT (and SIGTERM) once it has started
+        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        try:
+            super().start()
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, blocked)  # a Ctrl-C meanwhile reaches the supervisor now
 
 
 class Supervisor(Multiprocess):
@@ -88,6 +109,12 @@ class Supervisor(Multiprocess):
             self._serving.add(process)
         return True
 
+    def init_processes(self) -> None:
+        for _ in range(self.processes_num):
+            process = Worker(self.config, self.sockets)
+            process.start()
+            self.processes.append(process)
+
     def keep_subprocess_alive(self) -> None:
         current = set(self.processes)
         self._serving &= current
@@ -121,7 +148,7 @@ class Supervisor(Multiprocess):
             # was INFO "Child process [pid] died" whatever ended it: a worker the kernel's OOM killer took was not told
             # from a clean exit, and a log alert on ERROR never fired
             _log.log(logging.WARNING if hung else logging.ERROR, died(process.pid, process.exitcode, hung))
-            process = Process(self.config, self.sockets)
+            process = Worker(self.config, self.sockets)
             process.start()
             self.processes[idx] = process
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from _servers import read_line
+from _servers import children, read_line
 
 from reliability.helpers import free_port, wait_healthy
 from service.api.app import ensure_local_key
@@ -34,10 +34,6 @@ def test_local_key_is_made_once_private_and_reused(tmp_path):
 
 def _environ(pid: int) -> bytes:
     return Path(f"/proc/{pid}/environ").read_bytes()
-
-
-def _children(pid: int) -> list[int]:
-    return [int(c) for t in Path(f"/proc/{pid}/task").iterdir() for c in (t / "children").read_text().split()]
 
 
 @pytest.mark.parametrize("workers", [1, 2])
@@ -73,7 +69,7 @@ def test_serve_without_keys_prints_where_the_key_is_and_answers_with_it(tmp_path
         for _ in range(4):  # with workers: answered by either
             r = httpx.get(base + "/v1/info", headers={"Authorization": f"Bearer {key}"})
             assert r.status_code == 200
-        pids = [proc.pid, *_children(proc.pid)]
+        pids = [proc.pid, *children(proc.pid)]
         assert len(pids) >= 1 + (workers if workers > 1 else 0)  # uvicorn's supervisor starts the workers
         assert not [p for p in pids if key.encode() in _environ(p)]
     finally:

@@ -17,7 +17,7 @@ import httpx
 import numpy as np
 import pytest
 from _api_support import R
-from _servers import ROOT, env_for, free_port, seed_registry, start
+from _servers import ROOT, children, env_for, free_port, seed_registry, start
 
 
 def _serve(tmp_path, *args) -> tuple[subprocess.Popen, int]:
@@ -285,6 +285,54 @@ def test_a_request_cancelled_by_the_shutdown_timeout_is_a_json_503_with_its_requ
     assert [(r["status"], r["request_id"]) for r in access] == [(503, headers["x-request-id"])], access
     cut = [r for r in records if r["msg"] == "request cancelled by the shutdown"]
     assert [(r["level"], r["request_id"]) for r in cut] == [("WARNING", headers["x-request-id"])], records
+
+
+def test_ctrl_c_while_the_workers_are_still_starting_stops_them_quietly(tmp_path):
+    # a worker still importing the service when Ctrl-C reached it (the terminal's whole process group) raised
+    # KeyboardInterrupt there: a plain-text traceback per worker amid the JSON log lines
+    data = tmp_path / "data"
+    seed_registry(data)
+    port = free_port()
+    launch = ("import os, runpy, signal; os.setpgid(0, 0); signal.signal(signal.SIGINT, signal.default_int_handler); "
+              "runpy.run_module('service.cli', run_name='__main__', alter_sys=True)")
+    with open(tmp_path / "server.log", "w") as log:
+        proc = subprocess.Popen([sys.executable, "-c", launch, "serve", "--workers", "2"], env=env_for(data, port),
+                                stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+    try:
+        deadline = time.monotonic() + 60
+        # both spawned and importing the service (numpy, its first extension, is loaded): the rest takes them a second
+        # or more. Sooner, a Ctrl-C found the interpreter starting: the default action ended it, as quietly
+        while len([w for w in _workers(proc.pid) if _loaded(w, b"_multiarray_umath")]) < 2:
+            assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "server.log").read_text()
+            time.sleep(0.01)
+        os.killpg(proc.pid, signal.SIGINT)
+        code = proc.wait(60)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(30)
+    records = _records(tmp_path)  # every line is JSON
+    msgs = [r["msg"] for r in records]
+    assert sum(m.startswith("Started server process") for m in msgs) < 2, "both loaded the app before Ctrl-C came"
+    assert code == 0 and "service stopped" in msgs, msgs
+    assert not [r for r in records if r.get("level") == "ERROR"], records
+
+
+def _loaded(pid: int, library: bytes) -> bool:
+    """Whether process ``pid`` has mapped a shared library whose path contains ``library``."""
+    with contextlib.suppress(OSError):
+        return library in Path(f"/proc/{pid}/maps").read_bytes()
+    return False
+
+
+def _workers(pid: int) -> list[int]:
+    """The worker processes ``pid`` spawned (not multiprocessing's resource tracker, its child too)."""
+    out = []
+    for c in children(pid):
+        with contextlib.suppress(OSError):  # ended meanwhile
+            if b"spawn_main" in Path(f"/proc/{c}/cmdline").read_bytes():
+                out.append(c)
+    return out
 
 
 @pytest.mark.parametrize("workers", [1, 2])
