@@ -470,7 +470,9 @@ _CUT_ANSWER_S = 5.0  # longest wait, after a second Ctrl-C, for the answers of t
 async def _answer_cut(server) -> None:
     """Once ``server`` (uvicorn's) has shut down at once on a second Ctrl-C: cancel the requests still open and wait
     (up to ``_CUT_ANSWER_S``) for their answers, the middleware's 503 that says so; then stop the app (its lifespan's
-    shutdown, up to ``_CUT_ANSWER_S`` more), which uvicorn skips on a forced stop.
+    shutdown), which uvicorn skips on a forced stop: waited for up to ``_CUT_ANSWER_S`` only where it awaits, since
+    the app's ``state.close()`` runs on the loop (a hung registry or mount holds it; it did before too, at
+    ``asyncio.run``'s end).
 
     uvicorn leaves them to ``asyncio.run``'s end, after it has raised the stop signals it caught again, the last one
     first. A worker of ``serve --workers N`` had caught its supervisor's SIGTERM too (Ctrl-C reaches the supervisor,

@@ -313,7 +313,9 @@ def test_ctrl_c_while_the_workers_are_still_starting_stops_them_quietly(tmp_path
         proc.wait(30)
     records = _records(tmp_path)  # every line is JSON
     msgs = [r["msg"] for r in records]
-    assert sum(m.startswith("Started server process") for m in msgs) < 2, "both loaded the app before Ctrl-C came"
+    # (not asserted: that a worker was still importing when the supervisor's SIGTERM came. It takes them 1.3-1.6 s
+    # after numpy, against the supervisor's 0.5 s; on a host slow enough to lose that race the run checks less, and
+    # never fails for it. On the old code this test failed 4 of 4)
     assert code == 0 and "service stopped" in msgs, msgs
     assert not [r for r in records if r.get("level") == "ERROR"], records
 
