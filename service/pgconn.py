@@ -25,7 +25,8 @@ def pg_connect_options(url: str, *settings: str, drop: tuple[str, ...] = ()) -> 
     accepts nothing, a partition, was an error only after the OS's ~2 min TCP timeout); with ``settings``
     (``"-c search_path=vb"``, ...), ``options``: :func:`operator_options`, then ``settings`` (a later ``-c`` of the
     same name wins). The settings named in ``drop`` (``search_path``: a registry's schema comes from its URL) are
-    left out of ``PGOPTIONS``' and a service file's options, never of the URL's own. ``{}`` when the URL cannot be parsed (connecting says why)."""
+    left out of ``PGOPTIONS``' and a service file's options, never of the URL's own. ``{}`` when the URL cannot be
+    parsed (connecting says why)."""
     from .registry.db import PG_CONNECT_TIMEOUT_S
 
     try:

@@ -539,7 +539,7 @@ class PostgresDB(_Base):
         if self.statement_timeout_s is not None:
             ours.append(f"-c statement_timeout={statement_timeout_ms(self.statement_timeout_s)}")
         try:  # after the operator's options (PGOPTIONS, the URL's): an options keyword alone replaced them
-            return psycopg.connect(self.url, autocommit=True,  # never the operator's search_path: ?schema= only
+            return psycopg.connect(self.url, autocommit=True,  # the schema is the URL's: not PGOPTIONS' search_path
                                    **pg_connect_options(self.url, *ours, drop=("search_path",)))
         except psycopg.OperationalError as exc:
             why = redact(str(exc).strip().splitlines()[0], self.url)  # libpq may quote a piece of the URL
