@@ -45,11 +45,26 @@ def _params(url: str):
         pos = end
 
 
-def _userinfo(url: str) -> re.Match | None:
-    """The password of ``url``'s user part (group 2): up to the last ``@`` before the first ``/``, else (a ``/`` in
-    it not written ``%2F``: ``vb:s3/cr3t@db``, which libpq misreads) up to the first ``@`` after that ``/``."""
-    return (re.match(r"([A-Za-z][A-Za-z0-9+.-]*://[^/@:]*):([^/]*)@", url)
-            or re.match(r"([A-Za-z][A-Za-z0-9+.-]*://[^/@:?#]*):([^@/?#]*/[^@]*)@", url))
+#: a URL's scheme, then its user part as libpq reads it: up to the first ``@`` before any ``/`` (libpq reads on past a
+#: ``?``: ``db:5432?x=a@b`` is the user ``db``, password ``5432?x=a``), and on to each further ``@`` a raw ``@`` in the
+#: password may have left in the host libpq reads (``S3C@RET@db``) -- never past a ``/`` or a query parameter
+#: (``?name=``) after the first ``@``: ``vb:pw@db?application_name=a@b`` is the host ``db`` (it was hidden as password)
+_USER = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://)([^/@]*(?:@[^/?@]*(?:\?[^/=@]*)?)*)@")
+#: a user part with a ``/`` not written ``%2F`` (``vb:s3/cr3t@db``, which libpq misreads as the host ``vb``, port
+#: ``s3``): up to the first ``@`` after that ``/`` and on to further ones, never past a query parameter
+_USER_SLASHED = re.compile(
+    r"([A-Za-z][A-Za-z0-9+.-]*://)([^/@:?#]*:[^@/?#]*/[^@?]*(?:\?[^=@]*)?(?:@[^?@]*(?:\?[^=@]*)?)*)@")
+
+
+def _userinfo(url: str) -> tuple[str, str, int] | None:
+    """``url`` up to its password's ``:``, the password (:data:`_USER`, else :data:`_USER_SLASHED`; after the user
+    part's first ``:``, so a raw ``@`` in the user name -- ``alice@corp:pw@db`` -- hides it too) and where its
+    closing ``@`` ends; None without one."""
+    m = _USER.match(url) or _USER_SLASHED.match(url)
+    if m is None or ":" not in m[2]:
+        return None
+    user, _, password = m[2].partition(":")
+    return f"{m[1]}{user}", password, m.end()
 
 
 def safe_url(url: str) -> str:
@@ -57,7 +72,7 @@ def safe_url(url: str) -> str:
     ``password=`` or ``sslpassword=`` parameter (:func:`_secret_param`) or a conninfo string's as ``***``."""
     url = str(url)
     if (user := _userinfo(url)) is not None:
-        url = f"{user[1]}:***@{url[user.end():]}"
+        url = f"{user[0]}:***@{url[user[2]:]}"
     out, last = [], 0
     for start, end, sep, name, _value in _params(url):
         if _secret_param(name):
@@ -75,7 +90,7 @@ def url_secrets(url: str) -> list[str]:
     ``vb:s3/cr3t@db`` as the host ``vb``, port ``s3``): what :func:`redact` hides in a message that quotes pieces of
     the URL (libpq's parse errors do)."""
     url = str(url)
-    found = [user[2]] if (user := _userinfo(url)) is not None else []
+    found = [user[1]] if (user := _userinfo(url)) is not None else []
     found += [value for _s, _e, _sep, name, value in _params(url) if _secret_param(name)]
     if "://" not in url:
         found += [v[1:-1] if v.startswith("'") else v for v in _KW_SECRET.findall(url)]

@@ -263,3 +263,43 @@ def test_a_checkpoint_url_with_a_raw_at_in_its_user_part_is_refused_before_conne
     with pytest.raises(InputError) as err:
         PgCheckpoint(f"postgresql://alice@corp:S3cretPw@127.0.0.1:{free_port()}/vb", "a->b")
     assert "S3cretPw" not in str(err.value) and "%40" in str(err.value), err.value
+
+
+@pytest.mark.parametrize(("url", "target"), [
+    ("postgresql://vb:pw9Tail@db.internal?application_name=a@b", "vb@db.internal/"),
+    ("postgresql://vb:pw9Tail@db.internal:5433?options=-c%20x%3Da@b", "vb@db.internal:5433/"),
+    ("postgresql://vb:pw9Tail@db1,db2:5433?application_name=a@b&sslmode=disable", "vb@db1,db2:,5433/"),
+    ("postgresql://db.internal:5433/vb?application_name=a@b", "db.internal:5433/vb"),
+])
+def test_an_at_in_a_query_parameter_does_not_hide_the_host(url, target):
+    """The user part was read up to the last ``@`` before a ``/``: ``vb:pw9Tail@db.internal?application_name=a@b``
+    was shown as ``vb:***@b`` (the host and the query taken for the password), and ``db.internal:5433/vb?...a@b``,
+    which has no password, as ``db.internal:***@b``. libpq ends the host at the ``?``: the ``@`` is the query's."""
+    from psycopg.conninfo import conninfo_to_dict
+
+    from service.pgconn import pg_target
+    from service.urls import redact, safe_url, url_secrets
+
+    given = conninfo_to_dict(url)
+    shown = url.replace(f":{given['password']}@", ":***@") if "password" in given else url
+    assert safe_url(url) == shown, safe_url(url)
+    assert url_secrets(url) == ([given["password"]] if "password" in given else [])
+    assert pg_target(url) == target
+    assert redact(f"cannot connect with {url}", url) == f"cannot connect with {shown}"
+
+
+@pytest.mark.parametrize(("url", "pieces"), [
+    ("postgresql://alice@corp:S3cretPw@127.0.0.1:5432/vb", ("S3cretPw",)),
+    ("postgresql://vb:s3/cr@3tTail@127.0.0.1:5432/vb", ("cr@", "3tTail")),
+    ("postgresql://vb:S3C@R?TailX@127.0.0.1:5432/vb", ("R?T", "TailX")),
+    ("postgresql://vb:S3C@RET@127.0.0.1:5432/vb?application_name=a@b", ("S3C", "RET")),
+])
+def test_a_raw_at_in_the_user_part_is_still_never_half_shown(url, pieces):
+    """A raw ``@`` in the user name (``alice@corp:S3cretPw@host``) showed the whole password, and one after a raw
+    ``/`` in it (``s3/cr@3tTail``) its tail: the user part runs to the last ``@`` before the host libpq reads, past
+    a ``?`` that starts no parameter (``R?TailX``), whatever a parameter after the host holds."""
+    from service.pgconn import pg_target
+    from service.urls import redact, safe_url
+
+    for text in (safe_url(url), pg_target(url), redact(f"cannot connect with {url}", url)):
+        assert "127.0.0.1" in text and not any(piece in text for piece in pieces), text
