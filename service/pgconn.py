@@ -15,7 +15,27 @@ import os
 import re
 from pathlib import Path
 
-__all__ = ["operator_options", "option_settings", "pg_connect_options", "pg_target"]
+from align.exceptions import InputError
+from align.options import check_number
+
+__all__ = ["PG_MAX_TIMEOUT_S", "check_statement_timeout", "operator_options", "option_settings",
+           "pg_connect_options", "pg_target"]
+
+#: PostgreSQL's longest ``statement_timeout`` (2^31 - 1 ms), in whole seconds: a longer one failed its ``SET``
+PG_MAX_TIMEOUT_S = 2147483
+
+
+def check_statement_timeout(seconds, name: str = "statement_timeout_s") -> float | None:
+    """``seconds`` as a float (None as None: the caller's default) when :func:`align.options.check_number` takes it
+    as a number from 0 (no limit) to :data:`PG_MAX_TIMEOUT_S`, else InputError naming ``name``: ``"30"`` was a
+    TypeError from a comparison (the registry's: from ``round``), ``True`` a 1 s limit, NaN a ValueError."""
+    if seconds is None:
+        return None
+    try:
+        return check_number(name, seconds, 0, PG_MAX_TIMEOUT_S)
+    except InputError:
+        raise InputError(f"{name} must be 0 (no limit) to {PG_MAX_TIMEOUT_S} seconds (PostgreSQL's longest "
+                         f"statement_timeout), got {seconds!r}") from None
 
 
 def pg_connect_options(url: str, *settings: str, drop: tuple[str, ...] = ()) -> dict:

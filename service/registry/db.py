@@ -21,7 +21,12 @@ from pathlib import Path
 
 from align.exceptions import InputError
 
-from ..pgconn import operator_options, option_settings, pg_connect_options
+from ..pgconn import (
+    check_statement_timeout,
+    operator_options,
+    option_settings,
+    pg_connect_options,
+)
 from ..storage import OpenedFile, quick_check_findings, sqlite_connect, sqlite_damaged
 from ..urls import check_pg_userinfo, redact
 from .errors import (
@@ -496,6 +501,7 @@ class PostgresDB(_Base):
         except ValueError:  # urlsplit's (e.g. "[::1:port"): the URL is not quoted either
             raise InvalidNameError(_UNPARSABLE) from None
         self._given = pg_conninfo(self.url)
+        statement_timeout_s = check_statement_timeout(statement_timeout_s)  # "30" was a TypeError, True 1 s
         self.statement_timeout_s = PG_STATEMENT_TIMEOUT_S if statement_timeout_s is None else statement_timeout_s
         if "statement_timeout" in {name for name, _ in option_settings(operator_options(self._given))}:
             self.statement_timeout_s = None  # the URL's, a service file's or PGOPTIONS' own, left to the server

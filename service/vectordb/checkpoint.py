@@ -25,6 +25,7 @@ from pathlib import Path
 
 from align.exceptions import InputError
 
+from ..pgconn import check_statement_timeout
 from ..storage import atomic_write, still_linked
 from ..urls import check_pg_userinfo
 from .base import (
@@ -40,9 +41,6 @@ __all__ = ["Checkpoint", "FileCheckpoint", "PgCheckpoint", "MemoryCheckpoint"]
 #: seconds a run starting while another process probes its lock (:meth:`FileCheckpoint.lock_held`: a status read)
 #: tries again before it is refused: a probe lets the lock go at once, a run holds it for its whole length
 PROBE_GRACE_S = 0.5
-
-#: PostgreSQL's longest ``statement_timeout`` (2^31 - 1 ms), in whole seconds: a longer one failed its ``SET``
-PG_MAX_TIMEOUT_S = 2147483
 
 
 class Checkpoint:
@@ -267,9 +265,7 @@ class PgCheckpoint(Checkpoint):
                  statement_timeout_s: float | None = None):
         from ..registry.db import PG_STATEMENT_TIMEOUT_S
 
-        if statement_timeout_s is not None and not 0 <= statement_timeout_s <= PG_MAX_TIMEOUT_S:  # nan too
-            raise InputError(f"statement_timeout_s must be 0 (no limit) to {PG_MAX_TIMEOUT_S} seconds (PostgreSQL's "
-                             f"longest statement_timeout), got {statement_timeout_s!r}")
+        statement_timeout_s = check_statement_timeout(statement_timeout_s)  # "30", True: as every number is checked
         # a raw "@" in the user part made libpq read part of the password as the host, which the error then named
         self.url = check_pg_userinfo(url, "checkpoint URL")
         self.key = key

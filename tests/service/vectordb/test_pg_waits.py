@@ -140,15 +140,20 @@ def test_a_checkpoint_database_nobody_listens_on_is_a_vecbridge_error_naming_it_
     assert probe.lock_held() is None
 
 
-@pytest.mark.parametrize("given", [-1, float("nan"), float("inf"), 3e6])
-def test_a_checkpoint_statement_timeout_postgresql_cannot_take_is_refused_before_connecting(given):
+@pytest.mark.parametrize("given", [-1, float("nan"), float("inf"), 3e6, "30", True])
+def test_a_checkpoint_statement_timeout_postgresql_cannot_take_is_refused_before_connecting(given, tmp_path):
     """``statement_timeout_s=-1`` (or nan, inf, more than PostgreSQL's 2^31-1 ms) went on to connect and fail there
     (a SET error, a connection left open, or here the unreachable database's error): an InputError naming the range,
-    before connecting (nothing listens on this port)."""
+    before connecting (nothing listens on this port). ``"30"`` was a TypeError (the registry's too), ``True`` a 1 s
+    limit: checked as every number is (:func:`align.options.check_number`), by the registry as well."""
     from align.exceptions import InputError
+    from service.registry import open_registry
 
+    url = f"postgresql://vb@127.0.0.1:{free_port()}/vb"
     with pytest.raises(InputError, match="statement_timeout_s must be 0"):
-        PgCheckpoint(f"postgresql://vb@127.0.0.1:{free_port()}/vb", "a->b", statement_timeout_s=given)
+        PgCheckpoint(url, "a->b", statement_timeout_s=given)
+    with pytest.raises(InputError, match="statement_timeout_s must be 0"):
+        open_registry(url, tmp_path / "a", statement_timeout_s=given)
 
 
 @pytest.mark.postgres
