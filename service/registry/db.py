@@ -21,12 +21,8 @@ from pathlib import Path
 
 from align.exceptions import InputError
 
-from ..pgconn import (
-    check_statement_timeout,
-    operator_options,
-    option_settings,
-    pg_connect_options,
-)
+from .. import pgconn
+from ..pgconn import operator_options, option_settings, pg_connect_options
 from ..storage import OpenedFile, quick_check_findings, sqlite_connect, sqlite_damaged
 from ..urls import check_pg_userinfo, redact
 from .errors import (
@@ -501,27 +497,32 @@ class PostgresDB(_Base):
         except ValueError:  # urlsplit's (e.g. "[::1:port"): the URL is not quoted either
             raise InvalidNameError(_UNPARSABLE) from None
         self._given = pg_conninfo(self.url)
-        statement_timeout_s = check_statement_timeout(statement_timeout_s)  # "30" was a TypeError, True 1 s
+        statement_timeout_s = pgconn.check_statement_timeout(statement_timeout_s)  # "30" was a TypeError, True 1 s
         self.statement_timeout_s = PG_STATEMENT_TIMEOUT_S if statement_timeout_s is None else statement_timeout_s
         if "statement_timeout" in {name for name, _ in option_settings(operator_options(self._given))}:
             self.statement_timeout_s = None  # the URL's, a service file's or PGOPTIONS' own, left to the server
         wait = PG_STATEMENT_TIMEOUT_S if self.statement_timeout_s is None else self.statement_timeout_s
         self._pool = _Pool(self._connect, PG_POOL_SIZE if pool_size is None else pool_size,
                            wait or None)  # 0: no limit here too (the pool waited 30 s)
-        with self.tx(write=True) as t:
-            t.q("SELECT pg_advisory_xact_lock(74207312)")  # serialise concurrent schema creation
-            if self.schema and not t.q("SELECT 1 FROM pg_namespace WHERE nspname = ?", (self.schema,)):
-                t.q(f'CREATE SCHEMA "{self.schema}"')
-            have = self._refuse_foreign_tables(t)
-            # only what is missing: DDL on an existing table (even ADD COLUMN IF NOT EXISTS) takes ACCESS EXCLUSIVE,
-            # which waits for a running pg_dump and meanwhile stops every other replica's reads of that table
-            for stmt in SCHEMA:
-                table = re.match(r"CREATE TABLE IF NOT EXISTS (\w+)", stmt)
-                if table is None or table.group(1) not in have:  # any other statement: as written
-                    t.q(stmt)
-            for table, col, decl in UPGRADES:
-                if col not in have.get(table, ()):
-                    _upgrade(t, table, col, decl, "IF NOT EXISTS ")
+        try:  # refused after connecting (no CREATE privilege, foreign tables, a client encoding psycopg cannot
+            # read): the pool's connection was left open, an idle session on the server, until collected
+            with self.tx(write=True) as t:
+                t.q("SELECT pg_advisory_xact_lock(74207312)")  # serialise concurrent schema creation
+                if self.schema and not t.q("SELECT 1 FROM pg_namespace WHERE nspname = ?", (self.schema,)):
+                    t.q(f'CREATE SCHEMA "{self.schema}"')
+                have = self._refuse_foreign_tables(t)
+                # only what is missing: DDL on an existing table (even ADD COLUMN IF NOT EXISTS) takes ACCESS EXCLUSIVE,
+                # which waits for a running pg_dump and meanwhile stops every other replica's reads of that table
+                for stmt in SCHEMA:
+                    table = re.match(r"CREATE TABLE IF NOT EXISTS (\w+)", stmt)
+                    if table is None or table.group(1) not in have:  # any other statement: as written
+                        t.q(stmt)
+                for table, col, decl in UPGRADES:
+                    if col not in have.get(table, ()):
+                        _upgrade(t, table, col, decl, "IF NOT EXISTS ")
+        except BaseException:
+            self.close()
+            raise
 
     def _refuse_foreign_tables(self, t) -> dict[str, set[str]]:
         """The columns of each table now in the registry's schema; ConflictError for tables vecbridge did not make."""

@@ -274,11 +274,15 @@ class PgCheckpoint(Checkpoint):
         #: ``settings.registry_statement_timeout_s``; None: its default, 30 s; 0: no limit)
         self.statement_timeout_s = PG_STATEMENT_TIMEOUT_S if statement_timeout_s is None else statement_timeout_s
         self.conn = self._connect()
-        with self.conn.transaction():  # two runs or a run and a status read at once: CREATE TABLE IF NOT EXISTS
-            # in both sessions raised UniqueViolation (pg_type) in one of them; serialised, the second finds the table
-            self.conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (f"vecbridge-ddl:{self.table}",))
-            self.conn.execute(f"CREATE TABLE IF NOT EXISTS {self.table} (key text PRIMARY KEY, state jsonb NOT NULL, "
-                              "updated_at timestamptz NOT NULL DEFAULT now())")
+        try:  # refused (no CREATE privilege on the schema: PostgreSQL 15's default for public): not left open
+            with self.conn.transaction():  # two runs or a run and a status read at once: CREATE TABLE IF NOT EXISTS
+                # in both sessions raised UniqueViolation (pg_type) in one of them; serialised, the second finds it
+                self.conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (f"vecbridge-ddl:{self.table}",))
+                self.conn.execute(f"CREATE TABLE IF NOT EXISTS {self.table} (key text PRIMARY KEY, "
+                                  "state jsonb NOT NULL, updated_at timestamptz NOT NULL DEFAULT now())")
+        except BaseException:
+            self.conn.close()
+            raise
 
     def _connect(self):
         """A connection with a connect timeout and, where the session has no ``statement_timeout`` of its own (from

@@ -253,3 +253,34 @@ def test_the_operators_search_path_never_moves_the_registry_but_their_other_sett
     for bad in ("", "10s"):
         monkeypatch.setenv("PGCONNECT_TIMEOUT", bad)
         assert shown(pg_url, "statement_timeout") == ["30s"]
+
+
+@pytest.mark.parametrize("refusal", ["client_encoding", "no_create"])
+def test_a_connection_refused_after_it_connects_is_not_left_open(pg_url, tmp_path, refusal):
+    """A session that connects and then fails: its first statement (the checkpoint's ``SHOW statement_timeout``,
+    the registry's schema creation) cannot be sent (the role's ``client_encoding`` is one psycopg has no codec
+    for), or its ``CREATE TABLE`` is refused (no CREATE on the schema: PostgreSQL 15's default for ``public``).
+    The registry's pool and the checkpoint's table creation kept that connection: an idle session on the server
+    for as long as the error was referenced (a job's record, a traceback). None is left in pg_stat_activity."""
+    import uuid
+
+    from service.vectordb.checkpoint import PgCheckpoint
+
+    role = f"vb_refused_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(pg_url, autocommit=True) as c:
+        c.execute(f"CREATE ROLE {role} LOGIN")
+        c.execute("REVOKE CREATE ON SCHEMA public FROM PUBLIC")  # PostgreSQL before 15 granted it
+        if refusal == "client_encoding":
+            c.execute(f"ALTER ROLE {role} SET client_encoding = 'EUC_TW'")  # the server converts; psycopg cannot
+    u = urlsplit(pg_url)
+    url = u._replace(netloc=f"{role}@{u.hostname}:{u.port}").geturl()
+    try:
+        assert _settled(pg_url) == 0
+        for opener in (lambda: PgCheckpoint(url, "a->b"), lambda: open_registry(url, tmp_path / "artifacts")):
+            with pytest.raises(Exception) as err:  # psycopg's or the registry's: either is refused
+                opener()
+            assert "EUC_TW" in str(err.value) or "permission denied" in str(err.value), err.value
+            assert _settled(pg_url) == 0, (opener, err.value)  # err still referenced: nothing closes it but us
+    finally:
+        with psycopg.connect(pg_url, autocommit=True) as c:
+            c.execute(f"DROP ROLE {role}")
