@@ -70,22 +70,41 @@ def pg_connect_options(url: str, *settings: str, drop: tuple[str, ...] = ()) -> 
     return kw
 
 
+#: the server's switches as its getopt string has them (``postgres.c``): a letter before ``:`` takes a value, the rest
+#: of its word (``-S4MB``) or else the next word (``-S 4MB``); the others may be bundled (``-ec name=value`` is ``-e``
+#: then ``-c name=value``). ``-c`` and ``-`` (``--name=value``) set the setting ``name``; ``o`` is older servers'.
+_SWITCHES = "B:bC:c:D:d:EeFf:h:ijk:lN:nOo:Pp:r:S:sTt:v:W:-:"
+_TAKES_VALUE = frozenset(re.findall(r"(.):", _SWITCHES))
+
+
 def option_settings(options: str) -> list[tuple[str | None, str]]:
-    """libpq's ``options`` (as the server splits it: at white space, ``\\`` escaping) as ``(name, text)`` for
-    each setting -- ``-c name=value``, ``-cname=value``, ``--name=value``; ``name`` lower case with ``-`` as ``_``,
-    as the server reads it -- and ``(None, text)`` for anything else; ``text`` as written."""
+    """libpq's ``options`` read as the server reads them (split at white space, ``\\`` escaping, then its command
+    line switches: :data:`_SWITCHES`) as ``(name, text)`` for each switch -- ``name`` the setting a ``-c name=value``,
+    ``-cname=value`` or ``--name=value`` sets, lower case with ``-`` as ``_``; None for any other switch (``-e``,
+    ``-S 4MB``) or word -- ``text`` each switch as written, bundled ones apart (``-ec x=1``: ``-e``, ``-c x=1``)."""
     words = re.findall(r"(?:\\.|\S)+", options or "")
     out: list[tuple[str | None, str]] = []
-    i = 0
+    i, switches = 0, True
     while i < len(words):
-        word, text = words[i], words[i]
-        if word == "-c" and i + 1 < len(words):
-            i += 1
-            word, text = "-c" + words[i], f"{text} {words[i]}"
+        word = words[i]
         i += 1
-        m = re.match(r"(?:-c|--)((?:\\.|[^=\\])+)=", word)  # no "\\" in [^=]: it backtracked exponentially
-        name = re.sub(r"\\(.)", r"\1", m[1]).lower().replace("-", "_") if m else None
-        out.append((name, text))
+        if not switches or word == "--" or not re.match(r"-[^-]|--.", word):  # "--" ends the switches; a word
+            switches = switches and word != "--"  # that is none makes the server refuse the connection
+            out.append((None, word))
+            continue
+        chars = re.findall(r"\\.|.", word[1:])  # each as the server reads it: "\\x" is "x"
+        for k, char in enumerate(chars):
+            flag = char[-1]
+            if flag not in _TAKES_VALUE:
+                out.append((None, f"-{char}"))
+                continue
+            value, text = "".join(chars[k + 1:]), "-" + "".join(chars[k:])
+            if not value and i < len(words):
+                value, text = words[i], f"{text} {words[i]}"
+                i += 1
+            name, eq, _ = re.sub(r"\\(.)", r"\1", value).partition("=")
+            out.append((name.lower().replace("-", "_") if flag in "c-" and eq else None, text))
+            break
     return out
 
 

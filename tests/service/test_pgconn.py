@@ -62,8 +62,29 @@ def test_option_settings_reads_names_as_the_server_does():
     counted ``-c application_name=statement_timeout_probe``: each setting's name, as the server reads it."""
     options = "-c STATEMENT_TIMEOUT=4s --statement-timeout=4s -cwork_mem=1MB -c application_name=statement_timeout -B 9"
     assert [name for name, _ in option_settings(options)] == [
-        "statement_timeout", "statement_timeout", "work_mem", "application_name", None, None]
+        "statement_timeout", "statement_timeout", "work_mem", "application_name", None]  # -B takes "9"
     assert " ".join(text for _, text in option_settings(options)) == options
+
+
+@pytest.mark.parametrize(("options", "read"), [
+    ("-ec search_path=ops", [(None, "-e"), ("search_path", "-c search_path=ops")]),
+    ("-eFcSEARCH_PATH=ops", [(None, "-e"), (None, "-F"), ("search_path", "-cSEARCH_PATH=ops")]),
+    ("-e-search-path=ops", [(None, "-e"), ("search_path", "--search-path=ops")]),
+    ("-S -c search_path=ops", [(None, "-S -c"), (None, "search_path=ops")]),  # -S takes the next word: refused
+    ("-- -c search_path=ops", [(None, "--"), (None, "-c"), (None, "search_path=ops")]),  # "--" ends the switches
+])
+def test_option_settings_reads_bundled_switches_as_the_server_does(options, read):
+    """The server reads ``options`` as a command line (getopt): ``-ec search_path=ops`` is ``-e`` then ``-c
+    search_path=ops``, and a switch that takes a value takes the next word whatever it is. A bundled ``-c`` was not
+    read as a setting: PGOPTIONS' search_path so written moved the registry to that schema, and a statement_timeout
+    so written was overridden by the registry's. The server's own reading of each: test_pg_operations.py."""
+    assert option_settings(options) == read
+
+
+def test_a_bundled_search_path_is_left_out_and_the_switches_beside_it_kept(monkeypatch):
+    monkeypatch.setenv("PGOPTIONS", "-ec search_path=ops -eS 4MB -clock_timeout=5s")
+    assert pg_connect_options(URL, "-c x=1", drop=("search_path",))["options"] == (
+        "-e -e -S 4MB -clock_timeout=5s -c x=1")
 
 
 def test_the_operators_search_path_is_left_out_where_asked_and_the_rest_kept(monkeypatch):

@@ -246,6 +246,8 @@ def test_the_operators_search_path_never_moves_the_registry_but_their_other_sett
     assert shown(pg_url, "statement_timeout") == ["4s"]
     monkeypatch.setenv("PGOPTIONS", "--statement-timeout=3s -c search_path=ops")
     assert shown(pg_url, "statement_timeout") == ["3s"]
+    monkeypatch.setenv("PGOPTIONS", "-ec search_path=ops -eS 2MB -ecSTATEMENT_TIMEOUT=2s")  # bundled switches: were
+    assert shown(pg_url, "statement_timeout", "datestyle", "work_mem") == ["2s", "ISO, DMY", "2MB"]  # not read
     monkeypatch.delenv("PGOPTIONS")
     (tmp_path / "services.conf").write_text("[vbops]\noptions=-c search_path=ops -c lock_timeout=7s\n")
     monkeypatch.setenv("PGSERVICEFILE", str(tmp_path / "services.conf"))
