@@ -37,52 +37,36 @@ import threading
 import traceback
 import uuid
 from collections import Counter, OrderedDict
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
 from dataclasses import replace
-from typing import Callable
 
 from align.exceptions import Cancelled
 
-from .errors import (
-    BusyError,
-    ConflictError,
-    NotFoundError,
-    http_status,
-    kind_of,
-    retry_after_of,
-)
+from .errors import BusyError, ConflictError, NotFoundError, ServiceStoppingError
 from .job_context import JobContext
-from .job_store import (
-    FIT_ADVICE,
-    INTERRUPTED,
-    TERMINAL,
-    Job,
-    JobStore,
-    JobStoreBusyError,
-    interrupted_in,
-)
+from .job_ends import NOT_STARTED, failure, interrupted
+from .job_store import INTERRUPTED, TERMINAL, Job, JobStore, JobStoreBusyError
 from .logging import get_logger
 from .progress import run_waking
-from .registry.retry import may_have_committed
-from .storage import is_storage_error, storage_message
 
-__all__ = ["Job", "JobContext", "JobManager", "JobStore", "Cancelled", "QueueFullError", "JobNotFoundError",
-           "IdempotencyConflictError", "JobStoreBusyError", "TERMINAL", "INTERRUPTED"]
+__all__ = [
+    "INTERRUPTED",
+    "TERMINAL",
+    "Cancelled",
+    "IdempotencyConflictError",
+    "Job",
+    "JobContext",
+    "JobManager",
+    "JobNotFoundError",
+    "JobStore",
+    "JobStoreBusyError",
+    "QueueFullError",
+]
 
-_SHUT_DOWN = {**INTERRUPTED, "message": "interrupted: the process serving this job shut down before it finished; "
-                                       + FIT_ADVICE}
-_NOT_STARTED = {"type": "JobCancelled", "message": "cancelled before it started"}
-#: seconds ``JobManager.shutdown(wait=True)`` waits for running jobs to stop at their cancel, by default
+#: seconds ``JobManager.shutdown(wait=True)`` waits for running jobs to stop, by default
 SHUTDOWN_WAIT = 60.0
-
-
-def _interrupted_in(job: Job) -> dict:
-    """:data:`_SHUT_DOWN`, naming the stage ``job`` was in and how far it had got (its stage becomes "interrupted",
-    and the fraction it keeps was of a stage named nowhere else), with the advice for its kind."""
-    return interrupted_in(job.state, job.stage, job.fraction, _SHUT_DOWN, job.kind)
-
-
 _log = get_logger("jobs")
 
 
@@ -98,34 +82,9 @@ class IdempotencyConflictError(ConflictError):
     """The idempotency key was already used for a different request."""
 
 
-MAX_ERROR_CHARS = 4000
-
-#: what the error of a job that failed on a retryable error adds (its Idempotency-Key was let go)
-RELEASED = " (a retry may succeed: its Idempotency-Key is free again, so submitting it again starts a new job)"
-#: ... and that of one whose registration may have been committed before the registry went away (its key is kept)
-KEPT = (" (the registry went away when the version may already have been registered: its Idempotency-Key is kept, "
-        "so submitting it again cannot register it twice; once the registry is back, look for it (GET "
-        "/v1/maps/NAME/versions or /v1/steers/NAME/versions, `vecbridge registry list` or `steer list`) and submit "
-        "with a new key only if it is not there)")
-
-
-def _retryable(exc: BaseException) -> bool:
-    """Whether a job that failed with ``exc`` may succeed when submitted again as it was: a part unavailable for a
-    while (the registry restarting or locked by a backup), a full queue; not a part missing for good, nor bad input."""
-    return kind_of(exc) in ("unavailable", "busy") and retry_after_of(exc) is not None
-
-
 def _wanted(job: Job, states: tuple[str, ...] | None, kinds: tuple[str, ...] | None) -> bool:
     """Whether ``job`` passes a list's filters (None: any state / kind)."""
     return (states is None or job.state in states) and (kinds is None or job.kind in kinds)
-
-
-def _error(kind: str, exc: BaseException, default: str = "") -> dict:
-    """A job's ``error``: the exception's message, cut to :data:`MAX_ERROR_CHARS` (it is stored and listed)."""
-    msg = str(exc) or default
-    if len(msg) > MAX_ERROR_CHARS:
-        msg = f"{msg[:MAX_ERROR_CHARS]}… ({len(msg) - MAX_ERROR_CHARS} more characters)"
-    return {"type": kind, "message": msg}
 
 
 class JobManager:
@@ -154,7 +113,9 @@ class JobManager:
         self._joining_by: Counter[str] = Counter()  # _joining, per owner
         self._seq = itertools.count(1)  # the order of this process's jobs without a store (Job.seq)
         self._wakes: dict[str, threading.Event] = {}  # running job id -> its context's wake (set on a cancel)
-        self._futures: set = set()  # the pool's futures not done yet: what shutdown(wait=True) waits for
+        self._futures: dict = {}  # the pool's futures not done yet -> job id: what shutdown(wait=True) waits for
+        self._stopped_in: dict[str, str] = {}  # job id -> the stage a shutdown recorded it interrupted in
+        self._closed = False  # shut down: no more jobs
 
     def open(self) -> int:
         """Claim this process's owner lock, fail the unfinished jobs of dead processes, trim old records.
@@ -312,6 +273,7 @@ class JobManager:
         of its own. A replay of an idempotency key is answered its job whatever the bounds."""
         self._adopt_cancels()  # a job another process cancelled does not hold a place in the queue
         with self._lock:
+            self._refuse_if_closed()
             if idempotency_key is not None and idempotency_key in self._idem:
                 job = self._jobs.get(self._idem[idempotency_key])
                 if job is not None:
@@ -350,7 +312,8 @@ class JobManager:
             raise
         with self._lock:
             self._left_joining(owner)
-            if first is None:
+            closed = self._closed and first is None
+            if first is None and not closed:
                 self._jobs[job.id] = job
                 if owner is not None:
                     self._owners[job.id] = owner
@@ -359,16 +322,34 @@ class JobManager:
                 if idempotency_key is not None:
                     self._idem[idempotency_key] = job.id
                 self._trim()
-            elif first.request_hash == request_hash:
+                # under the lock: a shutdown sees the job and its future, or this submit sees the shutdown
+                future = self._pool.submit(self._run, job, fn)
+                self._futures[future] = job.id
+                future.add_done_callback(lambda f: self._futures.pop(f, None))
+            elif first is not None and first.request_hash == request_hash:
                 return self._jobs.get(first.id, first), False
+        if closed:  # a shutdown came while its record was written: it never runs, so it is no job (before, the pool
+            # refused it with a RuntimeError and the store kept it "queued" until a restart: a phantom in /v1/jobs)
+            self._discard(job)
+            self._refuse_if_closed()
         if first is not None:
             raise IdempotencyConflictError(
                 f"Idempotency-Key {idempotency_key!r} was used for a different request (job {first.id})")
         self._count("queued")
-        future = self._pool.submit(self._run, job, fn)
-        self._futures.add(future)
-        future.add_done_callback(self._futures.discard)
         return job, True
+
+    def _refuse_if_closed(self) -> None:
+        if self._closed:
+            raise ServiceStoppingError("the job service is shutting down and takes no more jobs; submit it again "
+                                       "once the service is back (to another replica meanwhile)")
+
+    def _discard(self, job: Job) -> None:
+        """Delete the record of a job refused after it was written (it never ran, nobody was told its id)."""
+        if self.store is not None:
+            try:
+                self.store.discard(job.id)
+            except Exception as exc:  # noqa: BLE001 - the next start's recovery marks it interrupted
+                _log.warning("job record not discarded", extra={"fields": {"job_id": job.id, "error": repr(exc)}})
 
     def cancel(self, job_id: str) -> Job:
         """Ask a job to stop: a queued job is cancelled at once, a running one at its next progress call.
@@ -383,7 +364,7 @@ class JobManager:
             if self.store is not None and job.state not in TERMINAL:
                 # before, a queued job stayed "queued" (a 202) until its owner's worker reached it: behind a long fit,
                 # for hours, holding a place in that process's queue
-                if not (job.state == "queued" and self.store.cancel_queued(job_id, _NOT_STARTED)):
+                if not (job.state == "queued" and self.store.cancel_queued(job_id, NOT_STARTED)):
                     self.store.request_cancel(job_id)
                 job = self.get(job_id)
             return job
@@ -396,7 +377,7 @@ class JobManager:
             if job.state == "queued":
                 job.state = job.stage = "cancelled"
                 job.finished_at = job.now()
-                job.error = dict(_NOT_STARTED)
+                job.error = dict(NOT_STARTED)
                 cancelled_now = True
             else:
                 cancelled_now = False
@@ -411,60 +392,49 @@ class JobManager:
         return job
 
     def shutdown(self, wait: bool = False, timeout: float | None = SHUTDOWN_WAIT) -> None:
-        """Stop taking jobs; ``wait=False`` (a server stopping): record this process's unfinished jobs interrupted
-        now, as the process may be gone before their next progress report (one that ends still writes its end),
-        their error naming the stage they were in. That is no cancel (``cancel_requested`` stays as a client left
-        it: it said true after a restart though nobody had cancelled); a running job stops at its next report, which
-        sees the job ended. ``wait=True`` asks each job to cancel (a queued one is cancelled before it starts) and
-        waits for the running ones, at most ``timeout`` seconds (None: until they end). One still running then (its
-        work ignores the cancel: it reports no progress) is recorded interrupted as with ``wait=False`` and logged,
-        and shutdown returns: before, it waited for it with no limit, and a queued job stayed "queued" for ever.
+        """Stop taking jobs (a submit is refused with ServiceStoppingError, a 503) and record this process's
+        unfinished jobs interrupted now, as the process may be gone before their next progress report, their error
+        naming the stage they were in; a queued one never starts. That is no cancel: ``cancel_requested`` stays as a
+        client left it (``wait=True`` set it, and the record said a cancel nobody had asked for). A running job
+        stops at its next report, which keeps that record; one that ends otherwise first (it succeeds, or fails on
+        its own error) writes its own end over it: the truth, while the process lives to write it.
+
+        ``wait=True`` then waits for the running jobs to end, at most ``timeout`` seconds (None: until they end); one
+        still running then (its work reports no progress) is logged and left to end on its own.
 
         Either way, last, the final records whose write failed (the store locked or its disk full) are written
         again: only another job's write retried them, and with none to come the store said "running" and the next
         start "interrupted by restart" for a job that had ended (succeeded)."""
         with self._lock:
+            self._closed = True
             jobs = [j for j in self._jobs.values() if j.state not in TERMINAL]
             for j in jobs:
                 self._wake(j)
-                if wait:
-                    j.cancel_requested = True
-                else:
-                    self._interrupt(j)
-        if wait:
-            self._pool.shutdown(wait=False, cancel_futures=True)  # the queued ones' futures never run
-            pending = wait_futures(set(self._futures), timeout).not_done
-            with self._lock:
-                late = [j for j in jobs if j.state not in TERMINAL]
-                for j in late:
-                    if j.state == "queued":
-                        j.state = j.stage = "cancelled"
-                        j.finished_at, j.error = j.now(), dict(_NOT_STARTED)
-                    else:
-                        self._interrupt(j)
-            for j in late:  # counted as cancel() counts one (it never runs: counted once); after the lock
-                if j.state == "cancelled":
-                    self._count("cancelled")
-            stuck = [j.id for j in late if j.state == "failed"]
-            if stuck:
-                _log.warning("jobs still running at shutdown recorded interrupted", extra={"fields": {
-                    "jobs": stuck, "waited_seconds": timeout}})
-            jobs = late
+                self._interrupt(j)
+        self._pool.shutdown(wait=False, cancel_futures=True)  # the queued ones' futures never run (nor end: not waited)
+        futures = dict(self._futures)
         for j in jobs:
             self._persist(j)
+            if j.started_at is None:  # it never runs: counted once, here
+                self._count(j.state)
         self._gauges()  # queued / running now: the jobs ended here were still counted there
-        if not wait or not pending:  # (the threads of the jobs still running are left to end: not waited for)
-            self._pool.shutdown(wait=wait, cancel_futures=True)
+        if wait:
+            pending = wait_futures(futures, timeout).not_done
+            if pending:
+                _log.warning("jobs still running at shutdown recorded interrupted", extra={"fields": {
+                    "jobs": sorted(futures[f] for f in pending), "waited_seconds": timeout}})
+            else:
+                self._pool.shutdown(wait=True)
         if self.store is not None:
             with self._writing:
                 self._retry_unsaved()
             if self._unsaved:
                 _log.warning("job records not written at shutdown", extra={"fields": {"jobs": sorted(self._unsaved)}})
 
-    @staticmethod
-    def _interrupt(job: Job) -> None:
+    def _interrupt(self, job: Job) -> None:
         """Record ``job`` interrupted by this process's shutdown (no cancel: see :meth:`shutdown`). Under the lock."""
-        job.error = _interrupted_in(job)
+        job.error = interrupted(job)
+        self._stopped_in[job.id] = job.stage  # its own, should it end on its own after all
         job.state, job.stage, job.finished_at = "failed", "interrupted", job.now()
 
     # --- internals --------------------------------------------------------------------------
@@ -484,7 +454,7 @@ class JobManager:
                                                                         final.error)
                 else:
                     job.state = job.stage = "cancelled"
-                    job.finished_at, job.error = job.now(), dict(_NOT_STARTED)
+                    job.finished_at, job.error = job.now(), dict(NOT_STARTED)
                 job.started_at = None
             if final is None:
                 self._persist(job)
@@ -500,31 +470,17 @@ class JobManager:
             result = run_waking(ctx.wake, lambda: fn(ctx))  # a registry wait (pause) wakes on a cancel at once
         except BaseException as exc:  # noqa: BLE001 - a job must never kill its worker
             self._wakes.pop(job.id, None)
-            with self._lock:
-                stopped = job.state in TERMINAL  # a shutdown recorded it interrupted: it stopped for that, not a cancel
-            if stopped:
+            if not self._own_end(job, exc):
                 self._persist(job)  # again: a progress write of this thread may have landed after the shutdown's
+                self._count(job.state)
                 return
             ctx._close_stage()
             with self._lock:
                 job.finished_at = job.now()
-                if job.cancel_requested or isinstance(exc, Cancelled):
-                    job.state = "cancelled"
-                    job.error = _error("JobCancelled", exc, "cancelled")
-                else:
-                    job.state = "failed"
-                    job.error = _error(type(exc).__name__, exc)
-                    if http_status(exc) == 500 and is_storage_error(exc):  # a full or read-only data dir: the typed
-                        # 503 a submit gets then (the record said OperationalError in SQLite's raw words)
-                        job.error = {"type": "StorageUnavailableError", "message": storage_message(exc)}
-                    elif job.idempotency_key is not None and may_have_committed(exc):  # a resubmission: a duplicate
-                        job.error["message"] += KEPT
-                    elif job.idempotency_key is not None and _retryable(exc):  # as Stripe: a failure a retry can fix
-                        # keeps no key. The registry down for a moment failed the job, and every resubmission with
-                        # its key was answered that failed job, for as long as the record was kept
-                        self._idem.pop(job.idempotency_key, None)
-                        job.idempotency_key = None
-                        job.error["message"] += RELEASED
+                job.state, job.error, release = failure(job, exc)
+                if release:
+                    self._idem.pop(job.idempotency_key, None)
+                    job.idempotency_key = None
             self._persist(job)
             if job.state == "failed":
                 _log.warning("job failed", extra={"fields": {  # which map or steer, asked by which request: the
@@ -534,6 +490,7 @@ class JobManager:
             self._count(job.state)
             return
         self._wakes.pop(job.id, None)
+        self._own_end(job, None)
         ctx._close_stage()
         with self._lock:
             job.finished_at = job.now()
@@ -546,6 +503,20 @@ class JobManager:
                                                      "request_id": self._requests.get(job.id),
                                                      "seconds": round(job.finished_at - job.started_at, 3)}})
         self._count("succeeded")
+
+    def _own_end(self, job: Job, exc: BaseException | None) -> bool:
+        """Whether ``job``, ended by ``exc`` (None: it returned), writes its own end: not when a shutdown recorded it
+        interrupted and it stopped at that (Cancelled, no cancel asked). A real end replaces that provisional record,
+        the stage the shutdown took given back: before, a job that then failed on its own error still read
+        "interrupted" without its error, and one that succeeded kept the interruption's error beside its result."""
+        with self._lock:
+            stage = self._stopped_in.pop(job.id, None)
+            if stage is None:
+                return True
+            if isinstance(exc, Cancelled) and not job.cancel_requested:
+                return False
+            job.stage, job.error = stage, None
+            return True
 
     def _adopt_cancels(self, jobs: list[Job] | None = None) -> None:
         """Jobs of this process still queued here (``jobs``, else all) whose stored record another process made

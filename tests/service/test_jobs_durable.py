@@ -556,7 +556,8 @@ def test_a_shutdown_that_waits_gives_up_on_a_job_deaf_to_its_cancel_and_records_
     """``shutdown(wait=True)`` waited with no limit for a job whose work never reports progress (so never sees its
     cancel), and the job queued behind it stayed "queued" for ever. Now the wait ends at its ``timeout``: the job
     still running is recorded interrupted (in memory, in the store a restart reads) and logged, the queued one
-    cancelled before it started; the deaf job's work, when it ends later, still writes its end."""
+    interrupted before it started, as ``wait=False`` records them (no cancel: nobody asked for one); the deaf job's
+    work, when it ends later, still writes its end."""
     from service.metrics import ServiceMetrics
 
     db = tmp_path / "jobs.sqlite"
@@ -580,20 +581,23 @@ def test_a_shutdown_that_waits_gives_up_on_a_job_deaf_to_its_cancel_and_records_
         after_restart = JobManager(store=JobStore(db))
         after_restart.open()
         for j in (mgr.get(stuck.id), JobStore(db).get(stuck.id)[0], after_restart.get(stuck.id)):
-            assert (j.state, j.stage, j.error["type"]) == ("failed", "interrupted", "Interrupted"), j
+            assert (j.state, j.stage, j.error["type"], j.cancel_requested) == ("failed", "interrupted", "Interrupted",
+                                                                              False), j
             assert j.error["message"].startswith("interrupted during 'fit' at 40%: the process serving this job "
                                                  "shut down"), j.error
         for j in (mgr.get(queued.id), after_restart.get(queued.id)):
-            assert (j.state, j.error["message"]) == ("cancelled", "cancelled before it started"), j
+            assert (j.state, j.cancel_requested) == ("failed", False), j
+            assert j.error["message"].startswith("interrupted before it started: the process serving"), j.error
         [line] = [r for r in seen if r.getMessage() == "jobs still running at shutdown recorded interrupted"]
         assert line.fields["jobs"] == [stuck.id]
-        # /metrics agrees: the queued job counted cancelled (as cancel() counts one), nothing left queued or running
+        # /metrics agrees: the queued job counted once (it never runs), nothing left queued or running
         sample = metrics.registry.get_sample_value
-        assert sample("vecbridge_jobs_total", {"state": "cancelled"}) == 1
+        assert sample("vecbridge_jobs_total", {"state": "failed"}) == 1
         assert (sample("vecbridge_jobs_queued"), sample("vecbridge_jobs_running")) == (0, 0)
         release.set()
-        assert wait(mgr.get, stuck.id, states=("succeeded",)).result == {"done": 1}
-        assert wait(lambda i: JobStore(db).get(i)[0], stuck.id, states=("succeeded",)).result == {"done": 1}
+        for get in (mgr.get, lambda i: JobStore(db).get(i)[0]):  # its own end, no interruption's error beside it
+            done = wait(get, stuck.id, states=("succeeded",))
+            assert (done.result, done.error, done.stage) == ({"done": 1}, None, "done"), done
         after_restart.shutdown(wait=True)
     finally:
         release.set()
