@@ -38,7 +38,6 @@ import traceback
 import uuid
 from collections import Counter, OrderedDict
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
 from dataclasses import replace
 
@@ -47,6 +46,7 @@ from align.exceptions import Cancelled
 from .errors import BusyError, ConflictError, NotFoundError, ServiceStoppingError
 from .job_context import JobContext
 from .job_ends import NOT_STARTED, failure, interrupted
+from .job_pool import JobPool
 from .job_store import INTERRUPTED, TERMINAL, Job, JobStore, JobStoreBusyError
 from .logging import get_logger
 from .progress import run_waking
@@ -98,7 +98,7 @@ class JobManager:
                  store: JobStore | None = None) -> None:
         self.workers = max(1, int(workers))
         self.max_queued = max(0, int(max_queued))
-        self._pool = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="vecbridge-job")
+        self._pool = JobPool(self.workers)  # daemon threads: a job deaf to the stop does not hold the exit
         self._jobs: OrderedDict[str, Job] = OrderedDict()
         self._idem: dict[str, str] = {}
         self._lock = threading.Lock()

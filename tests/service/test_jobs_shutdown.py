@@ -150,3 +150,47 @@ def test_a_fit_submitted_over_http_after_the_job_service_shut_down_is_a_503_and_
         assert r.status_code == 503 and r.json()["error"]["type"] == "ServiceStoppingError", r.text
         assert c.get("/v1/jobs", headers=R).json()["data"] == []
 
+
+DEAF_CHILD = """
+import sys, threading
+from service.jobs import JobManager, JobStore
+mgr = JobManager(store=JobStore(sys.argv[1]))
+mgr.open()
+started = threading.Event()
+def deaf(ctx):  # one report, then work that never reports again and never ends (a native call that hangs)
+    ctx.progress("fit", 0.5)
+    started.set()
+    threading.Event().wait()
+job, _ = mgr.submit(deaf, kind="fit")
+assert started.wait(60)
+mgr.shutdown(wait=False)  # as a server stopping: the job is recorded interrupted, the process goes on to exit
+print(job.id, flush=True)
+"""
+
+
+def test_a_job_deaf_to_the_shutdown_does_not_keep_its_process_from_exiting(tmp_path):
+    """The pool's threads were joined at interpreter exit whatever ``shutdown(wait=False)`` said: a stopping server
+    whose job ignored the stop stayed alive until the job ended (for ever here), its record already "interrupted".
+    The process exits now, and the record it leaves says what happened."""
+    import os
+    import subprocess
+    import sys
+
+    from _servers import read_line
+
+    db = tmp_path / "jobs.sqlite"
+    proc = subprocess.Popen([sys.executable, "-c", DEAF_CHILD, str(db)], stdout=subprocess.PIPE, text=True,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    try:
+        job_id = read_line(proc).strip()
+        assert proc.wait(timeout=60) == 0  # a bound, not a speed: before, it never exited
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(30)
+    after_restart = JobManager(store=JobStore(db))
+    assert after_restart.open() == 0  # nothing left to recover: the shutdown wrote the job's end
+    got = after_restart.get(job_id)
+    assert (got.state, got.stage, got.cancel_requested) == ("failed", "interrupted", False), got
+    assert got.error["message"].startswith("interrupted during 'fit' at 50%: the process serving"), got.error
+    after_restart.shutdown(wait=True)
