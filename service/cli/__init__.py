@@ -130,14 +130,16 @@ DATA_DIR = _DataDir(file_okay=False, path_type=Path)
 @click.group(cls=_LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--data-dir", type=DATA_DIR, default=None,
               help="Registry, artifacts and reports live here [env VECBRIDGE_DATA_DIR; default ./var].")
+@click.option("--artifact-dir", type=DATA_DIR, default=None,
+              help="The registry's map and steer files [env VECBRIDGE_ARTIFACT_DIR; default DATA_DIR/artifacts].")
 @click.option("--registry-url", default=None, help="sqlite:///path or postgresql://... [env VECBRIDGE_REGISTRY_URL].")
 @click.version_option(package_name="vecbridge")
 @click.pass_context
-def cli(ctx, data_dir, registry_url):
+def cli(ctx, data_dir, artifact_dir, registry_url):
     """Linear maps between embedding spaces: fit, evaluate, apply, and keep them in a registry."""
     from ._common import Ctx  # settings and registry modules: not needed for --help / --version
 
-    ctx.obj = Ctx(data_dir, registry_url)
+    ctx.obj = Ctx(data_dir, registry_url, artifact_dir)
 
 
 class Terminated(KeyboardInterrupt):

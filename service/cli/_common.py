@@ -54,10 +54,8 @@ __all__ = ["Ctx", "alias_command", "echo_record", "emit_summaries", "versions_su
 class Ctx:
     """Settings (group options over the environment) and the registry, opened on first use."""
 
-    def __init__(self, data_dir: Path | None, registry_url: str | None):
-        kw = {}
-        if data_dir is not None:
-            kw["data_dir"] = data_dir
+    def __init__(self, data_dir: Path | None, registry_url: str | None, artifact_dir: Path | None = None):
+        kw = {k: v for k, v in (("data_dir", data_dir), ("artifact_dir", artifact_dir)) if v is not None}
         if registry_url is not None:  # a bad one named VECBRIDGE_REGISTRY_URL, which may not even be set
             kw["registry_url"] = registry_option(registry_url)
         self.settings = load_settings(**kw)  # a bad VECBRIDGE_* variable: ConfigError, one line and exit 2

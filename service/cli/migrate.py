@@ -67,7 +67,8 @@ def migrate(obj: Ctx, store, text_field, vector_field, id_field, source, target,
     --keep-ids/--keep-vectors: the rows re-embedded to fit the map keep their own new-model vectors (held in
     memory: fine up to ~1e6 rows); a resume must give the same ones. Ids no source row has are counted, not refused.
     """
-    ckpt = Path(checkpoint) if checkpoint else default_checkpoint(obj.settings.data_dir, source, target)
+    # absolute, as printed (the report, a stop's line): a path relative to this directory is lost from any other
+    ckpt = (Path(checkpoint) if checkpoint else default_checkpoint(obj.settings.data_dir, source, target)).resolve()
     if status_only:
         st = checkpoint_status(ckpt)
         eta = f", ETA {st['eta_s']:.0f}s at {st['rows_per_s']} rows/s" if st["eta_s"] is not None else ""
@@ -89,7 +90,8 @@ def migrate(obj: Ctx, store, text_field, vector_field, id_field, source, target,
                             vector_field=vector_field, text_field=text_field, source_space=source_space,
                             target_space=target_space, progress=progress, dry_run=dry_run, keep_ids=keep_ids,
                             keep_vectors=keep_vectors, data_dir=obj.settings.data_dir,
-                            registry_url=obj.settings.registry_url)
+                            registry_url=obj.settings.registry_url,
+                            artifact_dir=obj.settings.resolved_artifact_dir())
     except MigrationInterrupted as exc:
         progress.close()
         word, code = stopped_by(exc)  # 128 + the signal, as every other command exits (143 SIGTERM)

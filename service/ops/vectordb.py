@@ -48,7 +48,7 @@ from ..vectordb import (
     open_store,
 )
 from ..vectordb.holder import holder_gone
-from ..vectordb.keep import read_keep_ids
+from ..vectordb.keep import read_keep_ids, resume_words
 from ..vectordb.lost import lost_as_unavailable
 from ..vectordb.migrate import is_artifact_path
 
@@ -181,6 +181,11 @@ class _CancelWatch:
             self.thread.join(CANCEL_POLL_S + 10)
 
 
+#: the recorded options that say where the registry is (for the resume command), never compared between runs (one
+#: folder may be named by several paths): :attr:`FileCheckpoint.WHERE`'s, and the artifact folder
+WHERE_OPTIONS = frozenset({"data_dir", "registry_url", "artifact_dir"})
+
+
 def run_migration(*, store_url: str, source: str, target: str, map_ref, checkpoint, registry=None,
                   alias: str | None = None, batch_size: int = 2000, overwrite: bool = False, pause: float = 0.0,
                   index: str | None = None, id_field: str | None = None, vector_field: str | None = None,
@@ -188,7 +193,7 @@ def run_migration(*, store_url: str, source: str, target: str, map_ref, checkpoi
                   progress: Callable[[MigrationProgress], None] | None = None, api_key: str | None = None,
                   ca_file=None, dry_run: bool = False, space_option: str = "--source-space", keep_ids=None,
                   keep_vectors=None, cancelled: Callable[[], bool] | None = None, data_dir=None,
-                  registry_url: str | None = None) -> MigrationReport:
+                  registry_url: str | None = None, artifact_dir=None) -> MigrationReport:
     """Migrate ``source`` into ``target`` through ``map_ref`` (artifact path or registry ref), resumably.
 
     ``checkpoint``: a JSON file path (run the same call again to resume). ``pause``: seconds to
@@ -201,10 +206,11 @@ def run_migration(*, store_url: str, source: str, target: str, map_ref, checkpoi
     :func:`service.vectordb.migrate`). ``cancelled``: a stop asked from outside (a server job's cancel), polled
     after each batch as a signal is, and while the target's index builds (every :data:`CANCEL_POLL_S`), which it
     cancels as a signal does (:meth:`~service.vectordb.base.VectorStore.interrupt`): MigrationInterrupted.
-    ``data_dir``, ``registry_url``: the registry's (the face's settings; ``registry_url`` None: the data dir's
-    SQLite file), recorded with the options a resume must give again (:func:`checkpoint_status`'s ``resume``; the
-    registry URL without its password, never the store's URL or key). A refused resume (other options) names CLI
-    flags, or the HTTP request's fields when ``space_option`` is one (``source_space``).
+    ``data_dir``, ``registry_url``, ``artifact_dir``: the registry's (the face's settings; ``registry_url`` None:
+    the data dir's SQLite file; ``artifact_dir`` None: the data dir's ``artifacts``), recorded with the options a
+    resume must give again (:func:`checkpoint_status`'s ``resume``; folders and a SQLite file made absolute, the
+    registry URL without its password, never the store's URL or key). A refused resume (other options, another keep
+    set) names CLI flags, or the HTTP request's fields when ``space_option`` is one (``source_space``).
     """
     if pause < 0:
         raise InputError(f"pause must be >= 0, got {pause}")
@@ -212,9 +218,11 @@ def run_migration(*, store_url: str, source: str, target: str, map_ref, checkpoi
     ckpt = FileCheckpoint(checkpoint, options={
         "alias": alias, "index": index, "id_field": id_field, "vector_field": vector_field, "text_field": text_field,
         "source_space": source_space, "target_space": target_space,
-        "data_dir": None if data_dir is None else str(Path(data_dir).resolve()),
+        **{k: None if v is None else str(Path(v).expanduser().resolve())
+           for k, v in (("data_dir", data_dir), ("artifact_dir", artifact_dir))},
         "registry_url": _recorded_registry(registry_url)},
         json_fields=not space_option.startswith("--"))
+    ckpt.WHERE = ckpt.WHERE | WHERE_OPTIONS
     store = open_store_for(store_url, index=index or "like", id_field=id_field, vector_field=vector_field,
                            text_field=text_field, api_key=api_key, ca_file=ca_file)
     # what each option left unset means on this engine: `--index like` recorded, a resume without --index is no
@@ -239,7 +247,8 @@ def run_migration(*, store_url: str, source: str, target: str, map_ref, checkpoi
             return migrate(store, source, target, map_ref, registry=registry, alias=alias, batch_size=batch_size,
                            checkpoint=ckpt, progress=on_batch, overwrite=overwrite, source_space=source_space,
                            target_space=target_space, should_stop=should_stop, dry_run=dry_run,
-                           space_option=space_option, keep_ids=keep_ids, keep_vectors=keep_vectors)
+                           space_option=space_option, keep_ids=keep_ids, keep_vectors=keep_vectors,
+                           keep_words=resume_words(space_option))
     except MigrationInterrupted as exc:
         exc.signum = stop.signum  # which signal stopped it: SIGTERM exited 130 as Ctrl-C does, not 143
         raise
@@ -300,7 +309,8 @@ def checkpoint_status(checkpoint) -> dict:
     12 hex digits, as a refused resume names it; None without a set)."""
     ckpt = checkpoint if isinstance(checkpoint, Checkpoint) else FileCheckpoint(checkpoint)
     file = isinstance(ckpt, FileCheckpoint)
-    where = ckpt.path if file else f"{getattr(ckpt, 'key', '?')} in {getattr(ckpt, 'table', 'its table')}"
+    # a file's path made absolute: the resume command (and a path copied from the status) may be run elsewhere
+    where = ckpt.path.resolve() if file else f"{getattr(ckpt, 'key', '?')} in {getattr(ckpt, 'table', 'its table')}"
     state = ckpt.load()
     if state is None:
         raise InputError(f"no checkpoint at {where} (nothing started, or another --checkpoint)")
@@ -357,10 +367,11 @@ def _resume_command(state: dict, checkpoint) -> str:
     """The ``vecbridge migrate`` command that resumes the migration a checkpoint records (HTTP runs too: the
     CLI resumes their checkpoints), with the options the run recorded; the store is the one it ran on (``STORE``:
     not recorded, its URL may hold a password), a keep set the same files (``IDS``, ``VECTORS``). The registry: the
-    ``--data-dir`` and ``--registry-url`` the run used (the URL as :func:`~service.urls.safe_url` shows it, its
-    password ``***``: :func:`_resume_note` says how to give it)."""
+    ``--data-dir``, ``--artifact-dir`` and ``--registry-url`` the run used (the URL as :func:`~service.urls.safe_url`
+    shows it, its password ``***``: :func:`_resume_note` says how to give it)."""
     opts = state.get("options") or {}
     words = ["vecbridge", *(["--data-dir", str(opts["data_dir"])] if opts.get("data_dir") else []),
+             *(["--artifact-dir", str(opts["artifact_dir"])] if opts.get("artifact_dir") else []),
              *(["--registry-url", str(opts["registry_url"])] if opts.get("registry_url") else []), "migrate",
              "--store", "STORE", "--source", str(state.get("source")), "--target", str(state.get("target")),
              "--map", str(state.get("map") or "MAP"), "--checkpoint", str(checkpoint)]

@@ -6,7 +6,7 @@
         [--keep-ids rows_ids.npy --keep-vectors new_pairs.npy]
     python -m service.vectordb status --checkpoint docs.ckpt.json
 
-``--map`` is an artifact path, or a registry ref with ``--registry URL --artifact-dir DIR``.
+``--map`` is an artifact path, or a registry ref with ``--registry URL [--artifact-dir DIR]``.
 Run the same command again after a crash or Ctrl-C: it resumes after the last checkpointed id.
 Prints one JSON line per batch (progress) and one with the final report. ``vecbridge migrate`` is
 the same operation with a progress bar (:mod:`service.ops.vectordb`).
@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 from ..config import get_settings
 from ..errors import exit_code
@@ -46,7 +47,8 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--target", required=True)
     m.add_argument("--map", required=True, help="artifact path or registry ref")
     m.add_argument("--registry", default=None, help="registry URL (for a ref)")
-    m.add_argument("--artifact-dir", default=None)
+    m.add_argument("--artifact-dir", default=None,
+                   help="the registry's artifact folder (default: VECBRIDGE_ARTIFACT_DIR, else DATA_DIR/artifacts)")
     m.add_argument("--checkpoint", required=True, help="JSON checkpoint file")
     m.add_argument("--alias", default=None)
     m.add_argument("--batch-size", type=int, default=2000)
@@ -79,9 +81,10 @@ def main(argv=None) -> int:
         if args.cmd == "status":
             print(json.dumps(checkpoint_status(args.checkpoint)), flush=True)
             return 0
-        registry = None
-        if args.registry:
-            registry = open_registry(args.registry, args.artifact_dir, path_alias=settings.path_alias)
+        registry = artifact_dir = None
+        if args.registry:  # no --artifact-dir: the settings' folder, as `vecbridge` reads it (None was a TypeError)
+            artifact_dir = Path(args.artifact_dir).expanduser() if args.artifact_dir else settings.resolved_artifact_dir()
+            registry = open_registry(args.registry, artifact_dir, path_alias=settings.path_alias)
 
         def progress(p):
             print(json.dumps(progress_record(p)), flush=True)
@@ -94,7 +97,8 @@ def main(argv=None) -> int:
                             source_space=args.source_space, target_space=args.target_space, progress=progress,
                             api_key=settings.vectordb_api_key, ca_file=settings.vectordb_ca_file,
                             dry_run=args.dry_run, keep_ids=args.keep_ids, keep_vectors=args.keep_vectors,
-                            registry_url=args.registry)  # recorded for the resume command, as `vecbridge migrate` does
+                            registry_url=args.registry, artifact_dir=artifact_dir)  # recorded for the resume
+        # command (`vecbridge --artifact-dir A --registry-url R migrate ...`), as `vecbridge migrate` records them
     except KeyboardInterrupt:
         exc = MigrationInterrupted("interrupted; run the same command again to resume", 0, 0)
         _err(exc)

@@ -207,23 +207,25 @@ def keep_set(store: VectorStore, source: str, ids, vectors, dim: int) -> KeepSet
     return KeepSet(arr[order], vec[order])
 
 
-#: how each face names the keep set and the run, for :func:`check_keep_resume`'s refusal: the CLI's flags, the HTTP
-#: request's field (``resume_words``)
-KEEP_WORDS = {"cli": ("--keep-ids / --keep-vectors", "this run"), "http": ("`keep`", "this request")}
+#: how each face names the keep set and the run, for :func:`check_keep_resume`'s refusal: the Python API's parameters
+#: (:func:`service.vectordb.migrate`'s default), the CLI's flags, the HTTP request's field (``resume_words``)
+KEEP_WORDS = {"python": ("keep_ids / keep_vectors", "this call"), "cli": ("--keep-ids / --keep-vectors", "this run"),
+              "http": ("`keep`", "this request")}
 
 
 def resume_words(space_option: str) -> tuple[str, str]:
-    """:data:`KEEP_WORDS` of the face that declares a space with ``space_option`` (``--source-space``: the CLI;
-    ``source_space``: HTTP), as the checkpoint's own refusal tells the faces apart."""
+    """:data:`KEEP_WORDS` of the face of :func:`service.ops.vectordb.run_migration` that declares a space with
+    ``space_option`` (``--source-space``: the CLI; ``source_space``: HTTP), as the checkpoint's own refusal tells the
+    faces apart."""
     return KEEP_WORDS["cli" if space_option.startswith("--") else "http"]
 
 
-def check_keep_resume(state: dict | None, keep: KeepSet | None, option: str = KEEP_WORDS["cli"][0],
-                      this: str = KEEP_WORDS["cli"][1]) -> None:
+def check_keep_resume(state: dict | None, keep: KeepSet | None, option: str = KEEP_WORDS["python"][0],
+                      this: str = KEEP_WORDS["python"][1]) -> None:
     """CheckpointMismatchError when ``state`` (a checkpoint) was written with another keep set than ``keep`` (or with
     one, and this run keeps none, or the other way round): a resumed target would mix two sets. The message names
-    the set as the caller gives it (``option``: the CLI's flags, or the HTTP request's field) and the run ``this``
-    (:func:`resume_words`): over HTTP it named the CLI's flags, which a request never sends."""
+    the set as the caller gives it (``option``: the Python API's parameters, the CLI's flags, or the HTTP request's field)
+    and the run ``this`` (:data:`KEEP_WORDS`): over HTTP it named the CLI's flags, which a request never sends."""
     if state is None:
         return
     was, now = state.get("keep_digest"), None if keep is None else keep.digest

@@ -53,7 +53,7 @@ from typing import Callable
 
 import numpy as np
 
-from align.exceptions import Cancelled, DegenerateInputError, DimensionMismatchError, InputError, NonFiniteError
+from align.exceptions import Cancelled, DimensionMismatchError, InputError
 from align.chain import MapChain
 from align.cluster import ClusterMap
 from align.frames import MEAN_CHECK_MIN_NORM, MEAN_CHECK_MIN_ROWS, SAME_SPACE_MIN_COSINE
@@ -65,7 +65,9 @@ from .base import (METRICS, CheckpointMismatchError, CollectionExistsError, Coll
 from ..spaces import SPACE_SAMPLE_ROWS, Reference, judge_rows
 from .checkpoint import Checkpoint, MemoryCheckpoint
 from .holder import this_process
-from .keep import KeepSet, check_keep_resume, keep_set, resume_words
+from .keep import KEEP_WORDS, KeepSet, check_keep_resume, keep_set
+from .migrate_notes import (NULLS_DROPPED_BEFORE, SOURCE_CHANGED, SOURCE_CHANGED_SINCE, check_vectors,
+                            metric_notes)
 
 __all__ = ["migrate", "resolve_map", "map_spaces", "is_artifact_path", "map_fingerprint", "MigrationProgress", "MigrationReport",
            "MigrationInterrupted"]
@@ -108,9 +110,12 @@ def is_artifact_path(map_or_ref) -> bool:
 
 def map_label(map_or_ref, registry=None) -> str | None:
     """What a checkpoint records of the map besides its fingerprint: the registry version a ref means now
-    (``NAME:N``), an artifact's path, or None for a map object."""
+    (``NAME:N``), an artifact's path (made absolute: the resume command may run in another directory), or None for
+    a map object."""
     if hasattr(registry, "resolve") and isinstance(map_or_ref, str) and not is_artifact_path(map_or_ref):
         return registry.resolve(map_or_ref).ref
+    if is_artifact_path(map_or_ref):
+        return str(Path(map_or_ref).resolve())
     return str(map_or_ref) if isinstance(map_or_ref, (str, Path)) else None
 
 
@@ -267,48 +272,13 @@ def _fresh_state(source, target, fp, total, label: str | None = None) -> dict:
             "nulls": "kept", **({"map": label} if label else {})}
 
 
-#: what a run resumed from a checkpoint of a release that dropped explicit nulls (no ``"nulls"`` key) says
-NULLS_DROPPED_BEFORE = ("the rows up to id {last} were written by a vecbridge that dropped explicit nulls (a Qdrant "
-                        "payload key or Milvus dynamic field holding null arrived absent); later rows keep them. For a "
-                        "uniform target remove the checkpoint and run again with --overwrite")
-
-
-#: what a run says when the source and the target differ in rows at the end (the source changed during the migration)
-SOURCE_CHANGED = ("{source!r} now holds {n_src} rows and {target!r} {n_tgt}: rows written to (or deleted from) the "
-                  "source during the migration at ids its scan had passed did not travel; `vecbridge verify --source "
-                  "{source} --map ...` names them")
-
-
-#: what a migration of a collection that does not rank by cosine says (the map writes unit rows)
-NORMS_DROPPED = ("{source!r} ranks by {ranks} ({metric}), which reads the rows' norms; the map writes unit rows, so "
-                 "those norms are not carried: {target!r} ({target_metric}) ranks its rows as cosine would")
-_RANKS = {"ip": "inner product", "l2": "L2 distance"}
-
-
-def _metric_notes(source: str, target: str, src_metric: str, tgt_metric: str) -> list[str]:
-    """The warning of a source whose ranking reads the norms the map drops (and of a target that ranks otherwise)."""
-    if src_metric == "cosine":
-        return []
-    note = NORMS_DROPPED.format(source=source, ranks=_RANKS.get(src_metric, "its own metric"), metric=src_metric,
-                                target=target, target_metric=tgt_metric)
-    if tgt_metric != src_metric:
-        note += (f"; its metric is {tgt_metric}, not the source's {src_metric} (this engine adapter creates cosine "
-                 "or ip collections): searches that name a metric must name cosine")
-    return [note]
-
-
-#: what a rerun of a finished migration says when the source holds another number of rows than the target now
-SOURCE_CHANGED_SINCE = ("{source!r} holds {n_src} rows and {target!r} {n_tgt}: the source changed after this migration "
-                        "finished (or during it), and the target does not have those changes")
-
-
 def migrate(store: VectorStore, source: str, target: str, map_, *, alias: str | None = None,
             batch_size: int = 2000, checkpoint: Checkpoint | None = None,
             progress: Callable[[MigrationProgress], None] | None = None, metric: str | None = None,
             overwrite: bool = False, registry=None, source_space: str | None = None,
             target_space: str | None = None, should_stop: Callable[[], bool] | None = None,
-            dry_run: bool = False, space_option: str = "--source-space", keep_ids=None,
-            keep_vectors=None) -> MigrationReport:
+            dry_run: bool = False, space_option: str = "source_space", keep_ids=None,
+            keep_vectors=None, keep_words: tuple[str, str] = KEEP_WORDS["python"]) -> MigrationReport:
     """Write ``map_(source)`` into a new collection ``target`` (same ids and texts), then switch ``alias``.
 
     Parameters
@@ -343,13 +313,16 @@ def migrate(store: VectorStore, source: str, target: str, map_, *, alias: str | 
         target, no checkpoint, no alias. The report's ``extra`` says what a run would do (``start``: create,
         drop (``overwrite``), resume or finished), ``rows_to_write``, and the sample's read and map times.
     space_option : str
-        How the caller declares ``source_space`` (``--source-space`` on the command line, ``source_space`` in an
-        HTTP request), named in the space check's refusals and report; a keep-set refusal uses that face's words.
+        How the caller declares ``source_space`` (this parameter's name by default; ``--source-space`` on the command
+        line), named in the space check's refusals and report (and ``target_space`` as that face names it).
     keep_ids, keep_vectors : array-like, optional
         Both or neither: the ids (K,) of rows re-embedded with the new model and their vectors (K, d_B), in the ids'
         order. Those rows get their own vectors instead of mapped ones (:mod:`service.vectordb.keep`: checked before
         anything is written; held in memory, fine for K up to ~1e6). ``report.kept`` counts them;
         ``report.keep_not_found`` the ids no source row had (deleted since?), which is no error.
+    keep_words : (str, str)
+        How the caller names the keep set and the run, in a refusal (:data:`service.vectordb.keep.KEEP_WORDS`): these
+        parameters and "this call" by default; the CLI passes its flags, the HTTP service its request's field.
 
     Raises
     ------
@@ -360,7 +333,7 @@ def migrate(store: VectorStore, source: str, target: str, map_, *, alias: str | 
     checkpoint = checkpoint if checkpoint is not None else MemoryCheckpoint()
     kw = {"alias": alias, "batch_size": batch_size, "checkpoint": checkpoint, "progress": progress, "metric": metric,
           "overwrite": overwrite, "registry": registry, "source_space": source_space, "target_space": target_space,
-          "should_stop": should_stop, "dry_run": dry_run, "space_option": space_option,
+          "should_stop": should_stop, "dry_run": dry_run, "space_option": space_option, "keep_words": keep_words,
           "keep": None if keep_ids is None and keep_vectors is None else (keep_ids, keep_vectors)}
     if dry_run:  # writes nothing, so it neither waits for nor blocks a run of the same checkpoint
         return _migrate(store, source, target, map_, **kw)
@@ -416,22 +389,6 @@ def _fields_of(store: VectorStore, batch) -> set[str]:
             | {f"{k} (sparse vector)" for k in batch.sparse or ()})
 
 
-def _check_vectors(source: str, batch) -> None:
-    """NonFiniteError naming the rows holding NaN, Inf or NULL; DegenerateInputError naming the all-zero rows."""
-    bad = ~np.isfinite(batch.vectors).all(axis=1)
-    if bad.any():  # the map's own check would say "X: 1 row(s)", not which rows of which collection
-        raise NonFiniteError(f"{source!r}: {int(bad.sum())} stored vector(s) with NaN or Inf (or none: "
-                             f"NULL), ids "
-                             f"{batch.ids[bad][:10].tolist()}; fix or delete them, then run the same command "
-                             "again to resume")
-    zero = ~np.any(batch.vectors != 0, axis=1)
-    if zero.any():  # the map gave them a made-up direction (its frame's mean), which then ranked like a real row
-        raise DegenerateInputError(f"{source!r}: {int(zero.sum())} stored zero vector(s) (every value 0: a \"no "
-                                   f"embedding\" placeholder?), ids {batch.ids[zero][:10].tolist()}; a zero vector "
-                                   "has no direction, so no map can place it: embed or delete them, then run the "
-                                   "same command again to resume")
-
-
 def _dry_run(store: VectorStore, source: str, target: str, map_, *, state, start: str, alias, batch_size: int,
              fp: str, extra: dict, t0: float) -> MigrationReport:
     """The report of :func:`migrate` ``dry_run=True``: one batch read and mapped (timed), nothing written."""
@@ -445,7 +402,7 @@ def _dry_run(store: VectorStore, source: str, target: str, map_, *, state, start
         scan.close()
     read_s, map_s, n = time.perf_counter() - t, 0.0, 0
     if batch is not None:
-        _check_vectors(source, batch)
+        check_vectors(source, batch)
         t = time.perf_counter()
         map_.apply(batch.vectors, output="raw")
         map_s, n = time.perf_counter() - t, len(batch)
@@ -461,7 +418,7 @@ def _dry_run(store: VectorStore, source: str, target: str, map_, *, state, start
 
 def _migrate(store: VectorStore, source: str, target: str, map_, *, alias, batch_size, checkpoint: Checkpoint,
              progress, metric, overwrite, registry, source_space, target_space, should_stop,
-             dry_run, space_option, keep) -> MigrationReport:
+             dry_run, space_option, keep, keep_words) -> MigrationReport:
     """:func:`migrate` (under the checkpoint's lock unless ``dry_run``)."""
     label = map_label(map_, registry)
     if isinstance(map_, str) and label:  # a registry ref pinned once: spaces, map and checkpoint of one version
@@ -471,9 +428,10 @@ def _migrate(store: VectorStore, source: str, target: str, map_, *, alias, batch
     map_src = map_src or (map_.metadata or {}).get("source_space")
     map_tgt = map_tgt or (map_.metadata or {}).get("target_space")
     if target_space and map_tgt and target_space != map_tgt:  # the target would record a space its rows are not in
-        raise SpaceMismatchError(f"--target-space says {target_space!r} but the map writes {map_tgt!r}: the target "
-                                 "would record a space its vectors are not in (query-side searches would skip the "
-                                 "map); leave --target-space out or use the map into that space")
+        option = "--target-space" if space_option.startswith("--") else "target_space"
+        raise SpaceMismatchError(f"{option} says {target_space!r} but the map writes {map_tgt!r}: the target would "
+                                 "record a space its vectors are not in (query-side searches would skip the map); "
+                                 f"leave {option} out or use the map into that space")
     map_tgt, maps_tgt = target_space or map_tgt, map_tgt
     check_name(source), check_name(target)
     if source == target:
@@ -496,8 +454,7 @@ def _migrate(store: VectorStore, source: str, target: str, map_, *, alias, batch
     if d_src != map_.source_dim:
         raise DimensionMismatchError(f"{source!r} holds {d_src}-d vectors, the map expects {map_.source_dim}-d")
     if keep is not None and (keep[0] is None or keep[1] is None):
-        raise InputError("keeping re-embedded rows needs both their ids (--keep-ids) and their new-model vectors "
-                         "(--keep-vectors)")
+        raise InputError(f"keeping re-embedded rows needs both their ids and their new-model vectors ({keep_words[0]})")
     keep = None if keep is None else keep_set(store, source, keep[0], keep[1], map_.target_dim)
     lost = store.unsupported_fields(source)
     if lost:
@@ -512,7 +469,7 @@ def _migrate(store: VectorStore, source: str, target: str, map_, *, alias, batch
     state = checkpoint.load()
     t0 = time.perf_counter()
     start = _start(store, state, source, target, fp, overwrite, label)
-    check_keep_resume(state, keep, *resume_words(space_option))
+    check_keep_resume(state, keep, *keep_words)
     if state is not None and state.get("nulls") != "kept" and state["last_id"] is not None:
         notes = [NULLS_DROPPED_BEFORE.format(last=state["last_id"])]
     src_metric = store.metric(source)
@@ -520,7 +477,7 @@ def _migrate(store: VectorStore, source: str, target: str, map_, *, alias, batch
         metric = store.metric(target)
     elif metric is None:
         metric = src_metric if src_metric in METRICS else "cosine"
-    notes += _metric_notes(source, target, src_metric, metric)
+    notes += metric_notes(source, target, src_metric, metric)
     extra = {"space_check": space_check, "fields": sorted((state or {}).get("fields", [])), "warnings": notes,
              "target_index": store.target_index(source), "metric": metric,
              **({} if keep is None else {"keep_rows": len(keep)})}
@@ -565,7 +522,7 @@ def _migrate(store: VectorStore, source: str, target: str, map_, *, alias, batch
     checkpoint.save(state)
     try:
         for batch in store.scan(source, after_id=state["last_id"], batch_size=batch_size, with_fields=True):
-            _check_vectors(source, batch)
+            check_vectors(source, batch)
             Y = map_.apply(batch.vectors, output="raw")
             n_kept = 0
             if keep is not None:  # the re-embedded rows as they are

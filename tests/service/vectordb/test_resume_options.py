@@ -17,6 +17,7 @@ from _api_support import W, settings_for
 from _jobs_support import wait_http_job
 from _servers import read_line, seed_registry
 
+from align.exceptions import InputError
 from service.ops.vectordb import checkpoint_status, default_checkpoint, run_migration
 from service.registry import open_registry
 from service.vectordb import CheckpointMismatchError, MigrationInterrupted, open_store
@@ -251,9 +252,9 @@ def test_the_module_commands_run_records_its_registry_for_the_resume_command(wor
     assert argv.index("--registry-url") < argv.index("migrate"), argv
 
 
-def _stopped_after_a_batch(cmd: list, cwd) -> None:
+def _stopped_after_a_batch(cmd: list, cwd) -> str:
     """Run the migration ``cmd`` (JSON progress lines) in ``cwd``; SIGTERM it once a batch is written and
-    checkpointed, so it stops after the batch in flight (exit 143)."""
+    checkpointed, so it stops after the batch in flight (exit 143). Returns its stderr."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     child = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
@@ -263,3 +264,111 @@ def _stopped_after_a_batch(cmd: list, cwd) -> None:
     finally:
         child.kill()
     assert child.returncode == 143, err
+    return err
+
+
+def test_the_resume_command_of_a_run_with_its_own_artifact_folder_finds_the_map_there(world, tmp_path, monkeypatch,
+                                                                                       capsys):
+    """``python -m service.vectordb migrate --registry URL --artifact-dir DIR`` stopped by SIGTERM: the resume
+    command its status printed could not say DIR (``vecbridge`` had no such option, and the run recorded none), so,
+    run as printed elsewhere without VECBRIDGE_ARTIFACT_DIR, it looked for the map's file in ./var/artifacts and
+    failed. The run records the folder (absolute) and the command gives it to ``vecbridge --artifact-dir``."""
+    from service.cli import main
+    from service.vectordb.__main__ import main as vectordb_main
+
+    world["registry"].close()
+    (world["data"] / "artifacts").rename(world["tmp"] / "maps")  # the registry's files in a folder of their own
+    monkeypatch.delenv("VECBRIDGE_ARTIFACT_DIR", raising=False)
+    _stopped_after_a_batch([sys.executable, "-m", "service.vectordb", "migrate", "--store", world["url"],
+                            "--source", "src", "--target", "dst", "--map", "a2b", "--checkpoint", "ck.json",
+                            "--registry", "sqlite:///data/registry.sqlite", "--artifact-dir", "maps",
+                            "--batch-size", "20", "--pause", "1.0"], world["tmp"])
+    capsys.readouterr()
+    assert vectordb_main(["status", "--checkpoint", str(world["tmp"] / "ck.json")]) == 0
+    argv = shlex.split(json.loads(capsys.readouterr().out)["resume"])
+    assert argv[argv.index("--artifact-dir") + 1] == str((world["tmp"] / "maps").resolve()), argv
+    assert argv.index("--artifact-dir") < argv.index("migrate"), argv  # a group option, as --data-dir
+    argv[argv.index("STORE")] = world["url"]
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    rc = main([*argv[1:], "--json"])
+    out = capsys.readouterr()
+    assert rc == 0, out.err
+    rep = json.loads(out.out.strip().splitlines()[-1])
+    assert rep["rows"] == N and rep["resumed_from"] is not None, rep
+
+
+def test_the_printed_resume_command_gives_the_checkpoint_and_the_map_file_as_absolute_paths(world, tmp_path,
+                                                                                           monkeypatch, capsys):
+    """``vecbridge migrate --map maps/a2b.safetensors --checkpoint ck.json``, stopped, then ``--status`` in the same
+    directory: the resume command gave both paths as typed, so run from another directory it started a new
+    checkpoint there (refused: the target exists) with a map it could not find. Both are absolute now, as is the
+    checkpoint the stop's line and the report name."""
+    from service.cli import main
+
+    (world["tmp"] / "maps").mkdir()
+    world["registry"].load_map("a2b").save(world["tmp"] / "maps" / "a2b.safetensors")
+    run = [*_CLI, "--data-dir", "data", "migrate", "--store", world["url"], "--source", "src", "--target", "dst",
+           "--map", "maps/a2b.safetensors", "--checkpoint", "ck.json"]
+    err = _stopped_after_a_batch([*run, "--batch-size", "20", "--pause", "1.0", "--json"], world["tmp"])
+    ck = (world["tmp"] / "ck.json").resolve()
+    assert f"(checkpoint {ck})" in err, err
+    monkeypatch.chdir(world["tmp"])
+    capsys.readouterr()
+    assert main(["--data-dir", "data", "migrate", "--source", "src", "--target", "dst", "--map", "x",
+                 "--checkpoint", "ck.json", "--status", "--json"]) == 0
+    st = json.loads(capsys.readouterr().out)
+    assert st["checkpoint"] == str(ck), st
+    argv = shlex.split(st["resume"])
+    assert argv[argv.index("--checkpoint") + 1] == str(ck), argv
+    assert argv[argv.index("--map") + 1] == str((world["tmp"] / "maps" / "a2b.safetensors").resolve()), argv
+    argv[argv.index("STORE")] = world["url"]
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    rc = main([*argv[1:], "--json"])
+    out = capsys.readouterr()
+    assert rc == 0, out.err
+    rep = json.loads(out.out.strip().splitlines()[-1])
+    assert rep["rows"] == N and rep["resumed_from"] is not None and rep["checkpoint"] == str(ck), rep
+
+
+def test_the_module_command_without_artifact_dir_uses_the_settings_folder(world):
+    """``python -m service.vectordb migrate --registry URL`` without ``--artifact-dir`` ended with exit 3 and
+    ``TypeError: expected str, bytes or os.PathLike object, not NoneType``; it reads the map from the settings'
+    artifact folder (VECBRIDGE_ARTIFACT_DIR here) as ``vecbridge`` does."""
+    world["registry"].close()
+    (world["data"] / "artifacts").rename(world["tmp"] / "maps")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+           "VECBRIDGE_ARTIFACT_DIR": str(world["tmp"] / "maps")}
+    r = subprocess.run([sys.executable, "-m", "service.vectordb", "migrate", "--store", world["url"], "--source",
+                        "src", "--target", "dst", "--map", "a2b", "--checkpoint", "ck.json", "--registry",
+                        "sqlite:///data/registry.sqlite"], cwd=world["tmp"], env=env, capture_output=True, text=True,
+                       timeout=300, check=False)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout.strip().splitlines()[-1])["report"]["rows"] == N, r.stdout
+
+
+def test_the_python_api_names_its_own_parameters_in_a_keep_set_refusal(world):
+    """``service.vectordb.migrate`` called from Python, resumed with another keep set (or with one only half given,
+    or a ``target_space`` the map does not write): the refusal named the CLI's ``--keep-ids / --keep-vectors`` and
+    ``--target-space``, which a Python caller never passes. It names the parameters and "this call"; the CLI's
+    words stay the CLI's (``run_migration`` from the command line)."""
+    from service.vectordb import FileCheckpoint, SpaceMismatchError, migrate
+
+    ids, vecs = np.arange(5), np.random.default_rng(0).standard_normal((5, 16))
+    ck = world["tmp"] / "py.json"
+    with open_store(world["url"]) as s:
+        with pytest.raises(MigrationInterrupted):
+            migrate(s, "src", "dst", "a2b", registry=world["registry"], batch_size=40, should_stop=lambda: True,
+                    checkpoint=FileCheckpoint(ck), keep_ids=ids, keep_vectors=vecs)
+        with pytest.raises(CheckpointMismatchError) as refused:
+            migrate(s, "src", "dst", "a2b", registry=world["registry"], checkpoint=FileCheckpoint(ck))
+        assert "this call keeps none" in str(refused.value) and "same keep_ids / keep_vectors" in str(refused.value)
+        assert "--keep" not in str(refused.value) and "this run" not in str(refused.value), refused.value
+        with pytest.raises(InputError, match=r"\(keep_ids / keep_vectors\)$"):
+            migrate(s, "src", "dst", "a2b", registry=world["registry"], checkpoint=FileCheckpoint(ck), keep_ids=ids)
+        with pytest.raises(SpaceMismatchError, match=r"^target_space says 'c'.*leave target_space out"):
+            migrate(s, "src", "dst", "a2b", registry=world["registry"], checkpoint=FileCheckpoint(ck),
+                    target_space="c")
+    with pytest.raises(CheckpointMismatchError, match=r"this run keeps none.*same --keep-ids / --keep-vectors"):
+        _migrate(world, ck)
