@@ -131,7 +131,7 @@ DATA_DIR = _DataDir(file_okay=False, path_type=Path)
 @click.option("--data-dir", type=DATA_DIR, default=None,
               help="Registry, artifacts and reports live here [env VECBRIDGE_DATA_DIR; default ./var].")
 @click.option("--artifact-dir", type=DATA_DIR, default=None,
-              help="The registry's map and steer files [env VECBRIDGE_ARTIFACT_DIR; default DATA_DIR/artifacts].")
+              help="The registry's map and steer files, default DATA_DIR/artifacts [env VECBRIDGE_ARTIFACT_DIR].")
 @click.option("--registry-url", default=None, help="sqlite:///path or postgresql://... [env VECBRIDGE_REGISTRY_URL].")
 @click.version_option(package_name="vecbridge")
 @click.pass_context

@@ -83,7 +83,8 @@ def main(argv=None) -> int:
             return 0
         registry = artifact_dir = None
         if args.registry:  # no --artifact-dir: the settings' folder, as `vecbridge` reads it (None was a TypeError)
-            artifact_dir = Path(args.artifact_dir).expanduser() if args.artifact_dir else settings.resolved_artifact_dir()
+            artifact_dir = (Path(args.artifact_dir).expanduser() if args.artifact_dir
+                            else settings.resolved_artifact_dir())
             registry = open_registry(args.registry, artifact_dir, path_alias=settings.path_alias)
 
         def progress(p):

@@ -224,8 +224,9 @@ def check_keep_resume(state: dict | None, keep: KeepSet | None, option: str = KE
                       this: str = KEEP_WORDS["python"][1]) -> None:
     """CheckpointMismatchError when ``state`` (a checkpoint) was written with another keep set than ``keep`` (or with
     one, and this run keeps none, or the other way round): a resumed target would mix two sets. The message names
-    the set as the caller gives it (``option``: the Python API's parameters, the CLI's flags, or the HTTP request's field)
-    and the run ``this`` (:data:`KEEP_WORDS`): over HTTP it named the CLI's flags, which a request never sends."""
+    the set as the caller gives it (``option``: the Python API's parameters, the CLI's flags, or the HTTP request's
+    field) and the run ``this`` (:data:`KEEP_WORDS`): over HTTP it named the CLI's flags, which a request never
+    sends."""
     if state is None:
         return
     was, now = state.get("keep_digest"), None if keep is None else keep.digest

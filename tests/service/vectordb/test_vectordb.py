@@ -364,7 +364,7 @@ def test_the_space_check_says_which_side_names_no_space(store, data):
     named = align.LinearMap(m.W, m.bias, m.source_frame, m.target_frame, metadata={"source_space": "spa"})
     rep = migrate(store, "src", "s1", named, dry_run=True)
     why = "; its rows cannot tell either: the map's training rows share no common direction to compare with"
-    assert rep.extra["space_check"] == ("unchecked: 'src' records no space and no --source-space was given "
+    assert rep.extra["space_check"] == ("unchecked: 'src' records no space and no source_space was given "
                                         "(the map reads 'spa')" + why)  # isotropic rows: no mean direction
     assert migrate(store, "src", "s2", m, dry_run=True).extra["space_check"] == (
         "unchecked: neither the collection nor the map names its space" + why)

@@ -67,7 +67,7 @@ def test_a_map_the_wrong_way_round_is_refused_before_anything_is_written(store, 
     ck = tmp_path / "ck.json"
     for dry_run in (True, False):
         with pytest.raises(SpaceMismatchError, match=r"rows of 'sr_src' do not look like space 'e5' the map reads: "
-                                                     r"their mean direction has cosine 0\.0\d.*--source-space e5"):
+                                                     r"their mean direction has cosine 0\.0\d.*source_space e5"):
             migrate(store, "sr_src", "sr_dst", rev, checkpoint=FileCheckpoint(ck), dry_run=dry_run)
     assert not store.exists("sr_dst") and not ck.exists()
     rep = migrate(store, "sr_src", "sr_dst", ok, checkpoint=FileCheckpoint(ck), batch_size=200)
@@ -125,8 +125,8 @@ def test_a_narrow_topic_with_the_right_map_is_migrated_with_a_warning_not_refuse
     assert rep.rows == len(X) and store.get_space("sr_dst") == "e5"
     check = rep.extra["space_check"]
     assert check.startswith("unchecked by rows: mean direction cosine 0.1"), check
-    assert "with the map's source 'minilm' and 0.0" in check and "--source-space minilm declares" in check, check
-    assert check.endswith("'sr_narrow' records no space and no --source-space was given (the map reads 'minilm')")
+    assert "with the map's source 'minilm' and 0.0" in check and "source_space minilm declares" in check, check
+    assert check.endswith("'sr_narrow' records no space and no source_space was given (the map reads 'minilm')")
     assert migrate(store, "sr_narrow", "sr_x", rev, dry_run=True).extra["space_check"].startswith("unchecked by rows")
 
 
@@ -159,11 +159,11 @@ def test_source_space_overrides_the_rows_and_a_resume_without_it_is_checked_agai
                 should_stop=lambda: next(stop))
     before = ck.load()
     assert before["done"] == 100
-    with pytest.raises(SpaceMismatchError, match="--source-space e5"):
+    with pytest.raises(SpaceMismatchError, match="say so with source_space e5"):  # migrate()'s parameter
         migrate(store, "sr_src", "sr_dst", rev, checkpoint=ck, batch_size=100)
     assert ck.load()["done"] == 100 and store.count("sr_dst") == 100
     rep = migrate(store, "sr_src", "sr_dst", rev, checkpoint=ck, batch_size=100, source_space="e5")
-    assert rep.rows == 500 and rep.extra["space_check"] == "checked against --source-space: e5"
+    assert rep.rows == 500 and rep.extra["space_check"] == "checked against source_space: e5"
 
 
 def test_the_cli_refuses_in_one_line_and_warns_when_rows_cannot_tell(wordnet, tmp_path, capsys):
