@@ -183,7 +183,7 @@ class _CancelWatch:
 
 #: the recorded options that say where the registry is (for the resume command), never compared between runs (one
 #: folder may be named by several paths): :attr:`FileCheckpoint.WHERE`'s, and the artifact folder
-WHERE_OPTIONS = frozenset({"data_dir", "registry_url", "artifact_dir"})
+WHERE_OPTIONS = frozenset({"data_dir", "registry_url", "artifact_dir", "keep_ids", "keep_vectors"})
 
 
 def run_migration(*, store_url: str, source: str, target: str, map_ref, checkpoint, registry=None,
@@ -214,13 +214,16 @@ def run_migration(*, store_url: str, source: str, target: str, map_ref, checkpoi
     """
     if pause < 0:
         raise InputError(f"pause must be >= 0, got {pause}")
+    # the keep set's files (the CLI's), absolute, for the resume command; its digest is what a resume is checked by
+    keep_files = {k: str(Path(v).resolve()) for k, v in (("keep_ids", keep_ids), ("keep_vectors", keep_vectors))
+                  if isinstance(v, (str, Path))}
     keep_ids, keep_vectors = read_keep(keep_ids, keep_vectors, "keeping re-embedded rows")
     ckpt = FileCheckpoint(checkpoint, options={
         "alias": alias, "index": index, "id_field": id_field, "vector_field": vector_field, "text_field": text_field,
         "source_space": source_space, "target_space": target_space,
         **{k: None if v is None else str(Path(v).expanduser().resolve())
            for k, v in (("data_dir", data_dir), ("artifact_dir", artifact_dir))},
-        "registry_url": _recorded_registry(registry_url)},
+        "registry_url": _recorded_registry(registry_url), **keep_files},
         json_fields=not space_option.startswith("--"))
     ckpt.WHERE = ckpt.WHERE | WHERE_OPTIONS
     store = open_store_for(store_url, index=index or "like", id_field=id_field, vector_field=vector_field,
@@ -366,9 +369,10 @@ RESUME_OPTIONS = {"alias": "--alias", "index": "--index", "id_field": "--id-fiel
 def _resume_command(state: dict, checkpoint) -> str:
     """The ``vecbridge migrate`` command that resumes the migration a checkpoint records (HTTP runs too: the
     CLI resumes their checkpoints), with the options the run recorded; the store is the one it ran on (``STORE``:
-    not recorded, its URL may hold a password), a keep set the same files (``IDS``, ``VECTORS``). The registry: the
-    ``--data-dir``, ``--artifact-dir`` and ``--registry-url`` the run used (the URL as :func:`~service.urls.safe_url`
-    shows it, its password ``***``: :func:`_resume_note` says how to give it)."""
+    not recorded, its URL may hold a password), a keep set the same files (absolute; ``IDS``, ``VECTORS`` where the
+    run was given arrays, as over HTTP). The registry: the ``--data-dir``, ``--artifact-dir`` and ``--registry-url``
+    the run used (the URL as :func:`~service.urls.safe_url` shows it, its password ``***``: :func:`_resume_note` says
+    how to give it)."""
     opts = state.get("options") or {}
     words = ["vecbridge", *(["--data-dir", str(opts["data_dir"])] if opts.get("data_dir") else []),
              *(["--artifact-dir", str(opts["artifact_dir"])] if opts.get("artifact_dir") else []),
@@ -376,8 +380,10 @@ def _resume_command(state: dict, checkpoint) -> str:
              "--store", "STORE", "--source", str(state.get("source")), "--target", str(state.get("target")),
              "--map", str(state.get("map") or "MAP"), "--checkpoint", str(checkpoint)]
     words += [w for key, flag in RESUME_OPTIONS.items() if opts.get(key) is not None for w in (flag, str(opts[key]))]
-    keep = " --keep-ids IDS --keep-vectors VECTORS" if state.get("keep_digest") else ""
-    return shlex.join(words) + keep
+    if state.get("keep_digest"):
+        words += ["--keep-ids", str(opts.get("keep_ids") or "IDS"), "--keep-vectors",
+                  str(opts.get("keep_vectors") or "VECTORS")]
+    return shlex.join(words)
 
 
 def _resume_note(state: dict, file: bool = True) -> str | None:

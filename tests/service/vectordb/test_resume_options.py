@@ -372,3 +372,31 @@ def test_the_python_api_names_its_own_parameters_in_a_keep_set_refusal(world):
                     target_space="c")
     with pytest.raises(CheckpointMismatchError, match=r"this run keeps none.*same --keep-ids / --keep-vectors"):
         _migrate(world, ck)
+
+
+def test_the_resume_command_of_a_run_that_kept_rows_gives_its_keep_files(world, tmp_path, monkeypatch, capsys):
+    """A run given ``--keep-ids ids.json --keep-vectors new.npy``, stopped: the resume command said ``--keep-ids IDS
+    --keep-vectors VECTORS``, so it could not be run as printed. It names the run's files (absolute); run as printed
+    from another directory it finishes, the kept rows written as given."""
+    from service.cli import main
+
+    (world["tmp"] / "ids.json").write_text(json.dumps([3, 50, 100]))
+    new = np.random.default_rng(1).standard_normal((3, 16)).astype(np.float32)
+    np.save(world["tmp"] / "new.npy", new)
+    monkeypatch.chdir(world["tmp"])
+    ck = world["tmp"] / "keep.json"
+    with pytest.raises(MigrationInterrupted):
+        _migrate(world, ck, stop=True, keep_ids="ids.json", keep_vectors="new.npy")
+    argv = shlex.split(checkpoint_status(ck)["resume"])
+    assert argv[argv.index("--keep-ids") + 1] == str(world["tmp"] / "ids.json"), argv
+    assert argv[argv.index("--keep-vectors") + 1] == str(world["tmp"] / "new.npy"), argv
+    argv[argv.index("STORE")] = world["url"]
+    world["registry"].close()
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    capsys.readouterr()
+    rc = main([*argv[1:], "--json"])
+    out = capsys.readouterr()
+    assert rc == 0, out.err
+    rep = json.loads(out.out.strip().splitlines()[-1])
+    assert rep["rows"] == N and rep["resumed_from"] is not None and rep["kept"] == 3, rep
