@@ -181,11 +181,6 @@ class _CancelWatch:
             self.thread.join(CANCEL_POLL_S + 10)
 
 
-#: the recorded options that say where the registry is (for the resume command), never compared between runs (one
-#: folder may be named by several paths): :attr:`FileCheckpoint.WHERE`'s, and the artifact folder
-WHERE_OPTIONS = frozenset({"data_dir", "registry_url", "artifact_dir", "keep_ids", "keep_vectors"})
-
-
 def run_migration(*, store_url: str, source: str, target: str, map_ref, checkpoint, registry=None,
                   alias: str | None = None, batch_size: int = 2000, overwrite: bool = False, pause: float = 0.0,
                   index: str | None = None, id_field: str | None = None, vector_field: str | None = None,
@@ -225,7 +220,6 @@ def run_migration(*, store_url: str, source: str, target: str, map_ref, checkpoi
            for k, v in (("data_dir", data_dir), ("artifact_dir", artifact_dir))},
         "registry_url": _recorded_registry(registry_url), **keep_files},
         json_fields=not space_option.startswith("--"))
-    ckpt.WHERE = ckpt.WHERE | WHERE_OPTIONS
     store = open_store_for(store_url, index=index or "like", id_field=id_field, vector_field=vector_field,
                            text_field=text_field, api_key=api_key, ca_file=ca_file)
     # what each option left unset means on this engine: `--index like` recorded, a resume without --index is no

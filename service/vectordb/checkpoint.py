@@ -144,8 +144,9 @@ class FileCheckpoint(Checkpoint):
             raise CheckpointMismatchError(f"checkpoint {self.path} was started with other options: "
                                           f"{'; '.join(differ)}; {how}, or move it away to start afresh")
 
-    #: recorded options that say where things are, for the resume command; never compared
-    WHERE = frozenset({"data_dir", "registry_url"})
+    #: recorded options that say where things are, for the resume command; never compared (one folder may be named by
+    #: several paths; a keep set is compared by its digest, not by its files' names)
+    WHERE = frozenset({"data_dir", "registry_url", "artifact_dir", "keep_ids", "keep_vectors"})
 
     def _same(self, key: str, was, now) -> bool:
         """Whether option ``key`` recorded as ``was`` and given as ``now`` means the same (or may be added)."""
