@@ -15,7 +15,9 @@ busy host answers late), one silent worker (SIGSTOP, a frozen cgroup, a long cal
   that neither answers nor ends within ``STOP_CHECK_S`` is killed (SIGKILL): a stopped worker does not act on a
   SIGTERM, and the supervisor waited for it for ever;
 - a worker starts with SIGINT blocked until its server handles it (:class:`Worker`): a Ctrl-C while it was still
-  importing wrote a plain-text KeyboardInterrupt traceback into the JSON log.
+  importing wrote a plain-text KeyboardInterrupt traceback into the JSON log. Every path that starts one (the first
+  start, a replacement, SIGHUP's restart, SIGTTIN's added worker) goes through :meth:`Supervisor.start_worker`:
+  uvicorn's restart and SIGTTIN built its plain ``Process``, whose SIGINT was not blocked.
 """
 
 from __future__ import annotations
@@ -109,11 +111,37 @@ class Supervisor(Multiprocess):
             self._serving.add(process)
         return True
 
+    def start_worker(self) -> Worker:
+        """A new worker, started: every path that starts one comes here (uvicorn's built its own ``Process``)."""
+        process = Worker(self.config, self.sockets)
+        process.start()
+        return process
+
     def init_processes(self) -> None:
-        for _ in range(self.processes_num):
-            process = Worker(self.config, self.sockets)
-            process.start()
-            self.processes.append(process)
+        self.processes.extend(self.start_worker() for _ in range(self.processes_num))
+
+    def handle_ttin(self) -> None:  # as uvicorn 0.55's, the worker from start_worker
+        _log.info("Received SIGTTIN, increasing the number of processes.")
+        self.processes_num += 1
+        self.processes.append(self.start_worker())
+
+    def restart_all(self) -> None:
+        """SIGHUP: as uvicorn 0.55's ``Multiprocess.restart_all`` (each worker's replacement serves before the old
+        one is retired; one not started in time is killed and the restart ends), with :meth:`start_worker`."""
+        for idx, old in enumerate(self.processes):
+            if self.should_exit.is_set():
+                return
+            new = self.start_worker()
+            if not new.wait_until_ready(self.config.timeout_worker_healthcheck, self.should_exit):
+                new.kill()
+                new.join()
+                if not self.should_exit.is_set():
+                    _log.error(f"New child process [{new.pid}] was not ready in time; keeping worker [{old.pid}] "
+                               "and aborting the restart.")
+                return
+            old.terminate()
+            old.join()
+            self.processes[idx] = new
 
     def keep_subprocess_alive(self) -> None:
         current = set(self.processes)
@@ -148,9 +176,7 @@ class Supervisor(Multiprocess):
             # was INFO "Child process [pid] died" whatever ended it: a worker the kernel's OOM killer took was not told
             # from a clean exit, and a log alert on ERROR never fired
             _log.log(logging.WARNING if hung else logging.ERROR, died(process.pid, process.exitcode, hung))
-            process = Worker(self.config, self.sockets)
-            process.start()
-            self.processes[idx] = process
+            self.processes[idx] = self.start_worker()
 
     def terminate_all(self) -> None:
         for sock in self.sockets:

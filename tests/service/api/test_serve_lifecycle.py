@@ -388,3 +388,100 @@ def test_a_request_cut_by_a_second_ctrl_c_says_so_not_that_shutdown_timeout_s_ra
     # ("Exception in 'lifespan' protocol", CancelledError) on every double Ctrl-C: an operator's log alert fired
     assert not [r for r in records if r.get("level") == "ERROR"], records
     assert [r["msg"] for r in records].count("Application shutdown complete.") == workers, records
+
+
+def _state(pid: int) -> str:
+    """The state letter of ``pid`` in /proc ("T": stopped, "Z": ended); "" once it is gone."""
+    with contextlib.suppress(OSError, IndexError):
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1][0]
+    return ""
+
+
+def _frozen_still_starting(pid: int) -> bool | None:
+    """Stop ``pid`` (SIGSTOP) and say whether its SIGINT is blocked, if it has not yet started its health-check
+    thread (one thread: uvicorn's target starts it before the server loads the app, :func:`worker_app`); None
+    where it has (or it ended). The caller sends SIGCONT."""
+    os.kill(pid, signal.SIGSTOP)
+    deadline = time.monotonic() + 10
+    while _state(pid) not in ("T", "Z", ""):
+        assert time.monotonic() < deadline, f"{pid} did not stop"
+        time.sleep(0.002)
+    with contextlib.suppress(OSError):
+        if len(os.listdir(f"/proc/{pid}/task")) == 1:
+            status = Path(f"/proc/{pid}/status").read_text()
+            blocked = int(next(x for x in status.splitlines() if x.startswith("SigBlk:")).split()[1], 16)
+            return bool(blocked >> (signal.SIGINT - 1) & 1)
+    return None
+
+
+def _workers_serve(tmp_path, *args, env=None) -> tuple[subprocess.Popen, int]:
+    """``serve --workers 2`` once both workers' apps started: in a process group of its own (stopped by
+    :func:`_end_group`), SIGHUP at its default (not as ``nohup`` left it)."""
+    data = tmp_path / "data"
+    seed_registry(data)
+    port = free_port()
+    launch = ("import os, runpy, signal; os.setpgid(0, 0); signal.signal(signal.SIGHUP, signal.SIG_DFL); "
+              "runpy.run_module('service.cli', run_name='__main__', alter_sys=True)")
+    proc = start([sys.executable, "-c", launch, "serve", "--workers", "2", *args],
+                 {**env_for(data, port), **(env or {})}, port, tmp_path / "server.log")
+    _wait_for_log(tmp_path, "Application startup complete.", 2)
+    return proc, port
+
+
+def _end_group(proc: subprocess.Popen) -> None:
+    """SIGKILL whatever is left of ``proc``'s process group (its workers too; one stopped is ended as well)."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(30)
+
+
+def _new_worker(proc: subprocess.Popen, old: set[int], seconds: float = 60.0) -> int:
+    """The first worker of ``proc`` not in ``old``, as soon as it is spawned."""
+    deadline = time.monotonic() + seconds
+    while not (new := sorted(set(_workers(proc.pid)) - old)):
+        assert proc.poll() is None and time.monotonic() < deadline, f"no new worker within {seconds} s"
+        time.sleep(0.002)
+    return new[0]
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+@pytest.mark.parametrize("sig", [signal.SIGHUP, signal.SIGTTIN], ids=["SIGHUP", "SIGTTIN"])
+def test_a_worker_started_by_sighup_or_sigttin_starts_with_sigint_blocked_too(tmp_path, sig):
+    """``serve --workers N`` starts its workers with SIGINT blocked until their server handles it (a Ctrl-C while one
+    still imported the service wrote a plain-text traceback into the JSON log). uvicorn's SIGHUP restart and SIGTTIN's
+    added worker built its plain Process: those began with SIGINT unblocked. Each new worker is stopped as soon as it
+    is spawned and read while it is still starting (one thread); then the restart or the addition completes, the
+    service answers, and it stops with 0 and a JSON log."""
+    proc, port = _workers_serve(tmp_path)
+    try:
+        old = set(_workers(proc.pid))
+        os.kill(proc.pid, sig)
+        seen, blocked = set(), []
+        for _ in range(2 if sig == signal.SIGHUP else 1):  # SIGHUP replaces them one after the other
+            w = _new_worker(proc, old | seen)
+            seen.add(w)
+            try:
+                got = _frozen_still_starting(w)
+            finally:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(w, signal.SIGCONT)
+            if got is not None:
+                blocked.append(got)
+        # seen while still starting (the import takes it seconds) unless this process was held off the CPU as long
+        assert blocked and all(blocked), blocked  # was [False, False] ([False]: SIGTTIN)
+        want = seen if sig == signal.SIGHUP else old | seen
+        _wait_for_log(tmp_path, "Application startup complete.", 2 + len(seen))
+        deadline = time.monotonic() + 60
+        while set(_workers(proc.pid)) != want:  # SIGHUP: the old ones retired once their replacements serve
+            assert time.monotonic() < deadline, (_workers(proc.pid), want)
+            time.sleep(0.05)
+        assert httpx.get(f"http://127.0.0.1:{port}/v1/maps", headers=R, timeout=30).status_code == 200
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(60)
+    finally:
+        _end_group(proc)
+    assert code == 0
+    records = _records(tmp_path)  # every line is JSON
+    assert not [r for r in records if r.get("level") == "ERROR"], records
+
