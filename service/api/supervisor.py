@@ -17,7 +17,11 @@ busy host answers late), one silent worker (SIGSTOP, a frozen cgroup, a long cal
 - a worker starts with SIGINT blocked until its server handles it (:class:`Worker`): a Ctrl-C while it was still
   importing wrote a plain-text KeyboardInterrupt traceback into the JSON log. Every path that starts one (the first
   start, a replacement, SIGHUP's restart, SIGTTIN's added worker) goes through :meth:`Supervisor.start_worker`:
-  uvicorn's restart and SIGTTIN built its plain ``Process``, whose SIGINT was not blocked.
+  uvicorn's restart and SIGTTIN built its plain ``Process``, whose SIGINT was not blocked;
+- SIGHUP's restart (as uvicorn's: each new worker serves before the old one is retired) reads every answer it asks
+  for, gives up as soon as a stop is asked, and sees a new worker that ends while starting: uvicorn's left an unread
+  answer per slow check in the pipe (a stopped worker's stale "yes" later spared it the stop's kill), and a SIGTERM
+  during the restart waited for the new workers to start (up to ``timeout_worker_healthcheck`` each).
 """
 
 from __future__ import annotations
@@ -91,8 +95,8 @@ class Supervisor(Multiprocess):
         return self.should_exit.is_set() or any(sig in self.signal_queue for sig in _STOP_SIGNALS)
 
     def _ask(self, process: Process, timeout: float) -> bool | None:
-        """True: ``process`` answered within ``timeout`` s; False: it did not (or its pipe is broken); None: a stop
-        was asked first (the answer, if one comes, is left in the pipe: the stop's own check reads it)."""
+        """True: ``process`` answered within ``timeout`` s; False: it did not (it ended, or its pipe is broken); None:
+        a stop was asked first (the answer, if one comes, is left in the pipe: the stop's own check reads it)."""
         conn = process.parent_conn
         deadline = time.monotonic() + timeout
         try:
@@ -103,6 +107,8 @@ class Supervisor(Multiprocess):
                     return False
                 if self._stopping():
                     return None
+                if not process.process.is_alive() and not conn.poll():  # it ended without answering
+                    return False
             started = conn.recv()
         except (OSError, EOFError, pickle.UnpicklingError):
             return False
@@ -127,21 +133,36 @@ class Supervisor(Multiprocess):
 
     def restart_all(self) -> None:
         """SIGHUP: as uvicorn 0.55's ``Multiprocess.restart_all`` (each worker's replacement serves before the old
-        one is retired; one not started in time is killed and the restart ends), with :meth:`start_worker`."""
+        one is retired; one not started in time is killed and the restart ends), with :meth:`start_worker` and
+        :meth:`_started`'s wait."""
         for idx, old in enumerate(self.processes):
-            if self.should_exit.is_set():
+            if self._stopping():
                 return
             new = self.start_worker()
-            if not new.wait_until_ready(self.config.timeout_worker_healthcheck, self.should_exit):
+            if not self._started(new):
+                ended = new.exitcode is not None
                 new.kill()
                 new.join()
-                if not self.should_exit.is_set():
-                    _log.error(f"New child process [{new.pid}] was not ready in time; keeping worker [{old.pid}] "
-                               "and aborting the restart.")
+                if not self._stopping():
+                    why = f"ended while starting (exit code {new.exitcode})" if ended else "was not ready in time"
+                    _log.error(f"New child process [{new.pid}] {why}; keeping worker [{old.pid}] and aborting the "
+                               "restart.")
                 return
             old.terminate()
             old.join()
             self.processes[idx] = new
+
+    def _started(self, process: Process) -> bool:
+        """Whether ``process`` answers that its server started within ``timeout_worker_healthcheck``; False as soon
+        as it ends or a stop is asked. Each ping's answer is read before the next is sent (uvicorn's wait sent one a
+        second, and left the answers it stopped waiting for in the pipe)."""
+        deadline = time.monotonic() + self.config.timeout_worker_healthcheck
+        while process not in self._serving:
+            if self._stopping() or not self._ask(process, deadline - time.monotonic()):
+                return False
+            if process not in self._serving:
+                time.sleep(_STEP_S)  # answered "not yet": its app is loading
+        return True
 
     def keep_subprocess_alive(self) -> None:
         current = set(self.processes)

@@ -485,3 +485,88 @@ def test_a_worker_started_by_sighup_or_sigttin_starts_with_sigint_blocked_too(tm
     records = _records(tmp_path)  # every line is JSON
     assert not [r for r in records if r.get("level") == "ERROR"], records
 
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_a_sigterm_during_a_sighup_restart_does_not_wait_for_the_new_worker_to_start(tmp_path):
+    """uvicorn's restart waited for each new worker's start (up to ``worker_healthcheck_timeout_s``, 60 s) before it
+    read a SIGTERM that came meanwhile: a new worker that did not start (stopped here) held ``docker stop`` past its
+    30 s. Now the restart gives up on the stop: the new worker is killed, the old ones stop gracefully, exit 0."""
+    proc, _port = _workers_serve(tmp_path)
+    try:
+        old = set(_workers(proc.pid))
+        os.kill(proc.pid, signal.SIGHUP)
+        w = _new_worker(proc, old)
+        os.kill(w, signal.SIGSTOP)  # it never answers that it started
+        _wait_for_log(tmp_path, "Received SIGHUP")
+        proc.send_signal(signal.SIGTERM)
+        try:
+            code = proc.wait(30)
+        except subprocess.TimeoutExpired:
+            code = None  # before: the supervisor still waited for the stopped worker (60 s)
+        assert code == 0, code
+        assert _state(w) in ("", "Z") and not [p for p in old if _state(p) not in ("", "Z")]
+    finally:
+        _end_group(proc)
+    records = _records(tmp_path)
+    msgs = [r["msg"] for r in records]
+    assert "service stopped" in msgs and msgs.count("Application shutdown complete.") == 2, msgs
+    assert not [r for r in records if r.get("level") == "ERROR"], records
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_a_worker_restarted_by_sighup_that_stops_answering_is_killed_at_the_stop(tmp_path):
+    """uvicorn's restart asked a new worker whether it had started once a second and, while it was still importing,
+    gave up on each answer after 1 s: the answers came later and stayed unread in its pipe. The supervisor's checks
+    then read an old answer each time, and at the stop a worker that had since stopped answering (stopped here)
+    seemed to answer: it was not killed, and the supervisor waited for it for ever. Now no answer is left unread: it
+    is killed after ``STOP_CHECK_S`` and the service exits 0. The first new worker is held 2.5 s as it starts (as a
+    busy host holds it): on a fast one its import could take under uvicorn's 1 s and leave nothing unread."""
+    proc, port = _workers_serve(tmp_path)
+    try:
+        old = set(_workers(proc.pid))
+        os.kill(proc.pid, signal.SIGHUP)
+        w = _new_worker(proc, old)
+        os.kill(w, signal.SIGSTOP)
+        time.sleep(2.5)  # uvicorn's wait gave up on two answers or more meanwhile
+        os.kill(w, signal.SIGCONT)
+        _wait_for_log(tmp_path, "Application startup complete.", 4)
+        _wait_for_log(tmp_path, "Finished server process", 2)  # the old two retired
+        new = set(_workers(proc.pid))
+        assert len(new) == 2 and not new & old and w in new, (new, old, w)
+        assert httpx.get(f"http://127.0.0.1:{port}/v1/maps", headers=R, timeout=30).status_code == 200
+        os.kill(w, signal.SIGSTOP)  # hung: it answers no health check
+        proc.send_signal(signal.SIGTERM)
+        try:
+            code = proc.wait(30)
+        except subprocess.TimeoutExpired:
+            code = None  # before: the supervisor waited for the stopped worker for ever
+        assert code == 0, code
+    finally:
+        _end_group(proc)
+    msgs = [r["msg"] for r in _records(tmp_path)]
+    assert f"Child process [{w}] did not answer its last health check: killed" in msgs, msgs
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_a_new_worker_that_ends_while_starting_ends_the_sighup_restart_and_the_old_ones_keep_serving(tmp_path):
+    """A replacement that ends before its server starts (killed here; a broken app exits 3) aborts the restart at
+    once: the old workers keep serving, and one ERROR line says which worker ended and with what code (uvicorn's said
+    it "was not ready in time"). The restart's wait sees the end, not ``worker_healthcheck_timeout_s`` (60 s) later."""
+    proc, port = _workers_serve(tmp_path)
+    try:
+        old = set(_workers(proc.pid))
+        os.kill(proc.pid, signal.SIGHUP)
+        w = _new_worker(proc, old)
+        os.kill(w, signal.SIGKILL)
+        _wait_for_log(tmp_path, f"New child process [{w}] ended while starting (exit code -9)", seconds=30)
+        assert set(_workers(proc.pid)) == old
+        assert httpx.get(f"http://127.0.0.1:{port}/v1/maps", headers=R, timeout=30).status_code == 200
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(60)
+    finally:
+        _end_group(proc)
+    assert code == 0
+    errors = [r["msg"] for r in _records(tmp_path) if r.get("level") == "ERROR"]
+    said = f"New child process [{w}] ended while starting (exit code -9); keeping worker ["
+    assert len(errors) == 1 and errors[0].startswith(said) and errors[0].endswith("] and aborting the restart."), errors
+    assert int(errors[0][len(said):].split("]")[0]) in old, errors
