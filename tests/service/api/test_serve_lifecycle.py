@@ -436,6 +436,23 @@ def _end_group(proc: subprocess.Popen) -> None:
         proc.wait(30)
 
 
+def _sighup_then(proc: subprocess.Popen, sig: int) -> tuple[set[int], int]:
+    """SIGHUP to ``proc`` (a restart), and ``sig`` to its first new worker as soon as it is spawned; returns the
+    workers it had before and that new one."""
+    old = set(_workers(proc.pid))
+    os.kill(proc.pid, signal.SIGHUP)
+    w = _new_worker(proc, old)
+    os.kill(w, sig)
+    return old, w
+
+
+def _answers_then_stops_with_0(proc: subprocess.Popen, port: int) -> None:
+    """``proc`` answers a request, then a SIGTERM stops it with status 0."""
+    assert httpx.get(f"http://127.0.0.1:{port}/v1/maps", headers=R, timeout=30).status_code == 200
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(60) == 0
+
+
 def _new_worker(proc: subprocess.Popen, old: set[int], seconds: float = 60.0) -> int:
     """The first worker of ``proc`` not in ``old``, as soon as it is spawned."""
     deadline = time.monotonic() + seconds
@@ -476,12 +493,9 @@ def test_a_worker_started_by_sighup_or_sigttin_starts_with_sigint_blocked_too(tm
         while set(_workers(proc.pid)) != want:  # SIGHUP: the old ones retired once their replacements serve
             assert time.monotonic() < deadline, (_workers(proc.pid), want)
             time.sleep(0.05)
-        assert httpx.get(f"http://127.0.0.1:{port}/v1/maps", headers=R, timeout=30).status_code == 200
-        proc.send_signal(signal.SIGTERM)
-        code = proc.wait(60)
+        _answers_then_stops_with_0(proc, port)
     finally:
         _end_group(proc)
-    assert code == 0
     records = _records(tmp_path)  # every line is JSON
     assert not [r for r in records if r.get("level") == "ERROR"], records
 
@@ -493,10 +507,7 @@ def test_a_sigterm_during_a_sighup_restart_does_not_wait_for_the_new_worker_to_s
     30 s. Now the restart gives up on the stop: the new worker is killed, the old ones stop gracefully, exit 0."""
     proc, _port = _workers_serve(tmp_path)
     try:
-        old = set(_workers(proc.pid))
-        os.kill(proc.pid, signal.SIGHUP)
-        w = _new_worker(proc, old)
-        os.kill(w, signal.SIGSTOP)  # it never answers that it started
+        old, w = _sighup_then(proc, signal.SIGSTOP)  # it never answers that it started
         _wait_for_log(tmp_path, "Received SIGHUP")
         proc.send_signal(signal.SIGTERM)
         try:
@@ -523,10 +534,7 @@ def test_a_worker_restarted_by_sighup_that_stops_answering_is_killed_at_the_stop
     busy host holds it): on a fast one its import could take under uvicorn's 1 s and leave nothing unread."""
     proc, port = _workers_serve(tmp_path)
     try:
-        old = set(_workers(proc.pid))
-        os.kill(proc.pid, signal.SIGHUP)
-        w = _new_worker(proc, old)
-        os.kill(w, signal.SIGSTOP)
+        old, w = _sighup_then(proc, signal.SIGSTOP)
         time.sleep(2.5)  # uvicorn's wait gave up on two answers or more meanwhile
         os.kill(w, signal.SIGCONT)
         _wait_for_log(tmp_path, "Application startup complete.", 4)
@@ -554,18 +562,12 @@ def test_a_new_worker_that_ends_while_starting_ends_the_sighup_restart_and_the_o
     it "was not ready in time"). The restart's wait sees the end, not ``worker_healthcheck_timeout_s`` (60 s) later."""
     proc, port = _workers_serve(tmp_path)
     try:
-        old = set(_workers(proc.pid))
-        os.kill(proc.pid, signal.SIGHUP)
-        w = _new_worker(proc, old)
-        os.kill(w, signal.SIGKILL)
+        old, w = _sighup_then(proc, signal.SIGKILL)
         _wait_for_log(tmp_path, f"New child process [{w}] ended while starting (exit code -9)", seconds=30)
         assert set(_workers(proc.pid)) == old
-        assert httpx.get(f"http://127.0.0.1:{port}/v1/maps", headers=R, timeout=30).status_code == 200
-        proc.send_signal(signal.SIGTERM)
-        code = proc.wait(60)
+        _answers_then_stops_with_0(proc, port)
     finally:
         _end_group(proc)
-    assert code == 0
     errors = [r["msg"] for r in _records(tmp_path) if r.get("level") == "ERROR"]
     said = f"New child process [{w}] ended while starting (exit code -9); keeping worker ["
     assert len(errors) == 1 and errors[0].startswith(said) and errors[0].endswith("] and aborting the restart."), errors
