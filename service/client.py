@@ -426,16 +426,16 @@ class APICalls(SteerCalls, TagCalls, Calls):
 
     # --- fits and jobs --------------------------------------------------------------------------
     @call
-    def fit(self, name: str, source_space: str, target_space: str, source, target, *, method: str = "minivec2vec",
+    def fit(self, name: str, source_space: str, target_space: str, source, target, *, method: str | None = None,
             paired: bool | None = None, params: dict | None = None, seed_pairs: Sequence[tuple[int, int]] | None = None,
             random_state: int | None = 0, alias: str | None = None, description: str = "", encoder: str | None = None,
             idempotency_key: str | None = None) -> dict:
         """Queue a map fit; returns the job record at once (follow it with :meth:`wait`).
 
         ``source`` / ``target``: an array (n, d) or a list of texts (embedded in the job with ``encoder``, default
-        each space's encoder). ``paired`` (row i <-> row i): by default true for the paired methods (procrustes,
-        ridge, lowrank, auto, contrastive, cluster), false for minivec2vec. ``random_state``: sent as given (a 422
-        unless an integer 0 .. 2**31-1); None: the service's default 0, not a fresh seed as in :mod:`align`."""
+        each space's encoder). ``method`` None: the service's default, minivec2vec (a 422 with ``paired=True``).
+        ``paired`` (row i <-> row i): default true for a paired method, false for minivec2vec. ``random_state``: sent
+        as given (a 422 unless an integer 0 .. 2**31-1); None: the service's 0, not a fresh seed as in :mod:`align`."""
         body = clean({"name": name, "source_space": source_space, "target_space": target_space,
                        "source": side(source, encoder), "target": side(target, encoder), "method": method,
                        "paired": paired, "params": params or {}, "random_state": random_state, "alias": alias,

@@ -258,14 +258,15 @@ class FitRequest(_Strict):
     target_space: Name
     source: FitSide
     target: FitSide
-    method: str = Field("minivec2vec", description="As in the CLI: minivec2vec (unsupervised), procrustes, "
-                                                   "ridge, lowrank (the rank-k map of align.fit_lowrank, "
-                                                   "`params.rank` required), auto, contrastive, cluster "
-                                                   "(per-cluster maps, align.ClusterMap).")
+    method: str | None = Field(None, description="minivec2vec (unsupervised; the default unless `paired` is true, "
+                                                 "which needs a method, as the CLI's --method), procrustes, ridge, "
+                                                 "lowrank (align.fit_lowrank's rank-k map, `params.rank` required), "
+                                                 "auto, contrastive, cluster (per-cluster maps, align.ClusterMap).")
     params: dict[str, Any] = Field(default_factory=dict)
     paired: bool | None = Field(None, description="Rows of source and target are pairs (row i <-> row i). Default, "
                                                   "as in the CLI: true for the paired methods (procrustes, ridge, "
-                                                  "lowrank, auto, contrastive, cluster), false for minivec2vec.")
+                                                  "lowrank, auto, contrastive, cluster), false for minivec2vec; true "
+                                                  "with no `method` is a 422 (minivec2vec would not fit from them).")
     seed_pairs: list[tuple[Count, Count]] | None = Field(None, description="Known (source row, target row) pairs "
                                                                            "seeding an unsupervised fit.")
     unpaired_source: _Vectors | None = Field(None, description="More source-model vectors beside the pairs (e.g. the "

@@ -29,8 +29,9 @@ Each side (`source`, `target`) is `vectors` (JSON rows), `vectors_b64` + `dim` (
 float32), or `texts` embedded in the job with `encoder` (default: the space's encoder).
 Unknown spaces are registered from the data (dimension of the vectors or of the encoder).
 `paired=true` means row i of source and target are the same item (the paired methods:
-procrustes, ridge, lowrank, auto, contrastive, cluster; the default for them, as in the CLI);
-otherwise the sets are unpaired (`minivec2vec`, its default), optionally seeded with `seed_pairs`.
+procrustes, ridge, lowrank, auto, contrastive, cluster; the default for them, as in the CLI; with
+`paired=true` name one in `method`, as the CLI's --method: a 422 without); otherwise the sets are
+unpaired (`minivec2vec`, the default `method`), optionally seeded with `seed_pairs`.
 `unpaired_source` / `unpaired_target` (`vectors`, or `vectors_b64` + `dim`) are more rows of one model beside
 the pairs (the old corpus, queries): `align.fit_migration`'s unpaired rows, for auto, contrastive and cluster.
 
@@ -86,14 +87,25 @@ def _check_seed_pairs(pairs, n_src: int, n_tgt: int) -> None:
             raise InputError(f"seed_pairs: [{i}, {j}] is out of range (source rows {n_src}, target rows {n_tgt})")
 
 
+def _method(method: str | None, paired: bool | None) -> str:
+    """The fit's method: as given, else minivec2vec, the documented default, for rows not declared paired. Paired
+    rows with no method are refused (the CLI requires --method): minivec2vec never fits from pairs, and a body with
+    `"paired": true` and no method queued an unsupervised fit that the pairs only judged (UNRELIABLE, no word)."""
+    if method is None and paired:
+        raise InputError(f"\"paired\": true needs a method: one of {', '.join(map_ops.SUPERVISED)} fits from the "
+                         f"pairs (minivec2vec, the default for unpaired sets, would fit without them)")
+    return method or "minivec2vec"
+
+
 @job_route(router, "/fits", kind="fit", summary="Queue a fit job", description=FIT_DOC, body_model=FitRequest,
            example="create_fit")
 def create_fit(body: bytes, request, state, settings):
     obj = parse_json(body)
     given = [k for k in UNPAIRED if obj.get(k) is not None]  # vectors are read below, not by the model (slow)
     opts = validate(FitRequest, {**obj, "source": {}, "target": {}, **{k: {} for k in given}})
-    paired = opts.paired if opts.paired is not None else opts.method in map_ops.SUPERVISED  # as the CLI decides
-    map_ops.check_fit_request(state.registry, name=opts.name, method=opts.method, paired=paired,
+    method = _method(opts.method, opts.paired)
+    paired = opts.paired if opts.paired is not None else method in map_ops.SUPERVISED  # as the CLI decides
+    map_ops.check_fit_request(state.registry, name=opts.name, method=method, paired=paired,
                               source_space=opts.source_space, target_space=opts.target_space, alias=opts.alias,
                               params=opts.params, random_state=opts.random_state, unpaired=given)
     bools = may_hold_bools(body)
@@ -103,7 +115,7 @@ def create_fit(body: bytes, request, state, settings):
     rest = _unpaired(state, obj, src, tgt, settings.max_batch, bools)
     check_batch(max(src.rows, tgt.rows), settings.max_batch)
     _check_seed_pairs(opts.seed_pairs, src.rows, tgt.rows)
-    map_ops.check_fit_rows(opts.method, opts.params, src, tgt, seed_pairs=opts.seed_pairs,
+    map_ops.check_fit_rows(method, opts.params, src, tgt, seed_pairs=opts.seed_pairs,
                            random_state=opts.random_state)  # rows too few for the params: now, not a failed job
     state.metrics.batch_rows.labels("fit").observe(src.rows + tgt.rows)
 
@@ -112,8 +124,8 @@ def create_fit(body: bytes, request, state, settings):
         v = map_ops.fit_sides(state.registry, state.encoder, src, tgt, progress=ctx.progress,
                               should_cancel=ctx.should_cancel, seed_pairs=opts.seed_pairs, name=opts.name,
                               inputs={"via": "http", **{k: f"{U.shape[0]} vectors" for k, U in rest.items()}},
-                              method=opts.method, params=opts.params, paired=paired, random_state=opts.random_state,
+                              method=method, params=opts.params, paired=paired, random_state=opts.random_state,
                               alias=opts.alias, description=opts.description, notes=notes, **rest)
         return {"ref": v.ref, "version": v.to_dict(), "notes": notes}
 
-    return job, f"fit {opts.name} ({opts.method})"
+    return job, f"fit {opts.name} ({method})"
