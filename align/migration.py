@@ -33,7 +33,8 @@ the target mean back:
   hyper-parameters. Every candidate's scores travel in ``map.metadata["selection"]``.
 
 ``semi_supervised="sinkhorn"`` then refines an orthogonal map with the unpaired rows
-(:func:`align.semisup.sinkhorn_refine_map`; needs both unpaired sets).
+(:func:`align.semisup.sinkhorn_refine_map`; needs both unpaired sets): procrustes only; a chosen affine
+family is left as fitted, ``metadata["semi_supervised"]["applied"]`` False with its ``why``.
 
 - ``"cluster"``: per-cluster local maps (:mod:`align.cluster`): k-means routing on the framed
   source rows (pairs + unpaired, ``random_state``), one affine map per cluster fitted as a ridge
@@ -391,8 +392,9 @@ def check_options(method: str, options: dict, n_pairs: int | None = None,
         cluster_grid(options, 1 << 62, dims=dims, required=only)
     if (method == "auto" and "contrastive" in candidates) or method == "contrastive":
         _contrastive_config(options)
-    if options.get("semi_supervised") and method == "cluster":
-        raise InputError("semi_supervised refinement needs a linear map; it cannot follow method='cluster'")
+    if options.get("semi_supervised") and method in ("cluster", "contrastive"):  # contrastive: never refined
+        raise InputError(f"semi_supervised refinement needs an orthogonal map (procrustes); it cannot follow "
+                         f"method={method!r}")
     _check_holdout(options.get("holdout", 0.2), options.get("max_holdout", 1000))
     if dims is not None and "rank" in options and options["rank"] > min(dims):
         raise InputError(f"rank must be in [1, {min(dims)}] (the narrower side is {min(dims)}-d), "

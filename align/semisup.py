@@ -121,15 +121,17 @@ def sinkhorn_polish(W: np.ndarray, Xs: np.ndarray, Yt: np.ndarray, *, rounds: in
 def sinkhorn_refine_map(problem, map_, **options):
     """Refine an orthogonal migration map with the unpaired rows of a fit (used by ``fit_migration``).
 
-    ``problem`` holds the framed pairs and unpaired rows; only orthogonal maps (no bias) are refined
-    (an affine map would lose its shape under the polar refit); others are returned unchanged, with
-    a note in the metadata.
+    ``problem`` holds the framed pairs and unpaired rows; only orthogonal maps (no bias: procrustes) are
+    refined (an affine map would lose its shape under the polar refit); others are returned unchanged,
+    ``metadata["semi_supervised"]`` saying ``applied: False`` and ``why`` (a fit's record and note quote it).
     """
     from .maps import LinearMap
 
     if map_.bias is not None or problem.Uf is None or problem.Uc is None:
-        map_.metadata["semi_supervised"] = {"applied": False,
-                                            "why": "needs an orthogonal map and both unpaired sets"}
+        why = ("it needs unpaired rows of both models" if problem.Uf is None or problem.Uc is None else
+               f"it refines an orthogonal map (procrustes), and the {map_.metadata.get('method', 'fitted')} map is "
+               f"affine (the polar refit would drop its bias)")
+        map_.metadata["semi_supervised"] = {"applied": False, "why": why}
         return map_
     W, hist = sinkhorn_polish(map_.W, problem.Uf, problem.Uc, seed_pairs=(problem.Xf, problem.Yc), **options)
     meta = dict(map_.metadata)

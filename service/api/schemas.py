@@ -273,7 +273,7 @@ class FitRequest(_Strict):
                                              "old corpus): align.fit_migration's unpaired_source (auto, contrastive, "
                                              "cluster only).")
     unpaired_target: _Vectors | None = Field(None, description="More target-model vectors beside the pairs (e.g. "
-                                             "queries); both given, params.semi_supervised can use them.")
+                                             "queries); both given, params.semi_supervised refines a procrustes map.")
     random_state: Count = Seed
     alias: AliasName | None = Field(None, description="Point this alias (e.g. prod) at the new version; not when the "
                                                       "fit is flagged unreliable (the job's `notes` say where it "

@@ -64,7 +64,8 @@ _ray_help = ("Run on Ray — a local Ray, or the cluster at ADDRESS (e.g. ray://
               help="START:STOP rows of --unpaired-source, or a rows file.")
 @click.option("--unpaired-target", type=click.Path(dir_okay=False), default=None,
               help="More target-model vectors beside the pairs (e.g. new-model queries), as --unpaired-source. "
-                   "Both given, --param semi_supervised=sinkhorn refines the map with them.")
+                   "Both given, --param semi_supervised=sinkhorn refines a procrustes (orthogonal) map with them; "
+                   "an affine one auto chose is left as fitted, a note says so.")
 @click.option("--unpaired-target-rows", type=ROWS, default=None,
               help="START:STOP rows of --unpaired-target, or a rows file.")
 @click.option("--name", required=True, help="Map name, e.g. minilm->e5.")

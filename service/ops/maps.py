@@ -313,6 +313,11 @@ def run_fit(registry: Registry, *, name: str, source, target, method: str, param
 
     if notes is not None and (metrics.get("selection") or {}).get("note"):  # e.g. n_clusters capped
         notes.append(metrics["selection"]["note"])
+    if notes is not None and (metrics.get("semi_supervised") or {}).get("applied") is False:  # it was silent
+        fitted = (metrics.get("selection") or {}).get("chosen") or method
+        notes.append(f"semi_supervised={params.get('semi_supervised')} was not applied: "
+                     f"{metrics['semi_supervised'].get('why')}; the map is the {fitted} fit, unrefined (to refine, "
+                     f"fit procrustes: params candidates=[\"procrustes\"])")
     held_back = alias if metrics.get("reliable") is False else None
     alias = None if held_back else alias
     html_text = report_file = report_rel = None
@@ -391,6 +396,9 @@ def _fit_signals(meta: dict, diag: dict) -> dict:
     for key in ("null_criterion", "reliable"):  # label-free failure flag of MiniVec2Vec
         if key in diag:
             out[key] = diag[key] if isinstance(diag[key], bool) else float(diag[key])
+    semi = meta.get("semi_supervised")
+    if isinstance(semi, dict):  # whether the refinement asked for ran: its record was in the artifact alone
+        out["semi_supervised"] = {k: semi[k] for k in ("applied", "why", "method") if k in semi}
     if diag.get("executor"):  # where the kernels ran (threads:2, ray): kept here, not in the artifact
         out["executor"] = str(diag["executor"])
     return out

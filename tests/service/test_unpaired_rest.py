@@ -87,6 +87,37 @@ def test_cli_semi_supervised_runs_with_both_unpaired_sets(capsys, d):
     m = align.load_map(json.loads(out)["artifact_file"])
     assert m.metadata["semi_supervised"]["applied"] is True  # it ran: without both sets it was refused
     assert m.metadata["n_unpaired_target"] == 700
+    assert json.loads(out)["metrics"]["semi_supervised"]["applied"] is True and "not applied" not in err
+
+
+BOTH = ("--unpaired-source", "{d}/old.npy", "--unpaired-source-rows", "200:900", "--unpaired-target", "{d}/new.npy",
+        "--unpaired-target-rows", "200:900", "--param", "semi_supervised=sinkhorn")
+
+
+def test_semi_supervised_that_cannot_refine_the_chosen_map_says_so(capsys, d, tmp_path):
+    """auto chose an affine map, which the Sinkhorn refinement returns unchanged: the fit recorded
+    "semi_supervised": "sinkhorn" in its params and said nothing (applied=False in the artifact only). The CLI
+    notes it, the version's metrics record it, the HTTP job's notes say it; contrastive alone is refused."""
+    code, out, err = _fit(capsys, d, *(a.format(d=d) for a in BOTH), "--param", 'candidates=["ridge"]')
+    assert code == 0, err
+    v = json.loads(out)
+    semi = v["metrics"]["semi_supervised"]
+    assert semi["applied"] is False and "ridge map is affine" in semi["why"], semi
+    assert "vecbridge: note: semi_supervised=sinkhorn was not applied: it refines an orthogonal map" in err, err
+    assert "the map is the ridge fit, unrefined" in err
+    code, _, err = _fit(capsys, d, *(a.format(d=d) for a in BOTH), "--param", "epochs=1", method="contrastive",
+                        name="c")
+    assert code == 2 and "cannot follow method='contrastive'" in err, err
+    body = {"name": "old->new", "source_space": "old", "target_space": "new", "method": "auto", "random_state": 3,
+            "paired": True, "source": _b64(X[PAIRS]), "target": _b64(Y[PAIRS]), "unpaired_source": _b64(X[200:]),
+            "unpaired_target": _b64(Y[200:]), "params": {"semi_supervised": "sinkhorn", "candidates": ["ridge"]}}
+    with TestClient(create_app(settings_for(tmp_path / "http", max_body_bytes=4_000_000))) as c:
+        r = c.post("/v1/fits", headers=W, json=body)
+        assert r.status_code == 202, r.text
+        job = wait_http_job(c, r.json()["id"], headers=W)
+    assert job["state"] == "succeeded", job
+    assert any(n.startswith("semi_supervised=sinkhorn was not applied") for n in job["result"]["notes"]), job
+    assert job["result"]["version"]["metrics"]["semi_supervised"]["applied"] is False
 
 
 @pytest.mark.parametrize("args, method, message", [
