@@ -331,8 +331,19 @@ def _headline(metrics: dict) -> dict:
     """Up to 8 numbers for the top of the report: held-out figures first, training ones (memorised) last,
     counts left to the metrics table."""
     nums = {k: v for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)
-            and math.isfinite(v) and not k.startswith(("heldout_n_", "train_n_"))}  # NaN: undefined (few pairs)
+            and math.isfinite(v) and not k.startswith(("heldout_n_", "train_n_"))
+            and k != "train_cos_raw"}  # NaN: undefined (few pairs); the raw cosine: in train_cos's label
     return dict(sorted(nums.items(), key=lambda kv: (not kv[0].startswith("heldout_"), kv[0].startswith("train_")))[:8])
+
+
+def _label(key: str, metrics: dict) -> str:
+    """A headline figure's label: train_cos is of the target's centred frame, beside which an auto fit's selection
+    shows raw cosines (unlabelled, 0.73 beside 0.94 read as a contradiction); the raw one is named with it, as eval
+    does ("cos 0.6908 (centred; raw 0.9403)")."""
+    raw = metrics.get("train_cos_raw")
+    if key == "train_cos":
+        return f"train_cos (centred; raw {raw:.4g})" if isinstance(raw, float) else "train_cos (centred)"
+    return key
 
 
 # The report's one <style> block, the same in every report: the console, whose policy allows no inline style,
@@ -394,7 +405,7 @@ def render_report(*, title: str, summary: dict, metrics: dict, timings: dict, di
             else "criterion close to random maps")
         parts.append(f"<h2>UNRELIABLE fit: {html.escape(str(reason))}</h2><p><b>This version is kept for inspection "
                      f"but never chosen for a path; its map is probably wrong.</b></p>")
-    parts.append("<div>" + "".join(f"<span class='metric'>{html.escape(k)}<b>{v:.4g}</b></span>"
+    parts.append("<div>" + "".join(f"<span class='metric'>{html.escape(_label(k, metrics))}<b>{v:.4g}</b></span>"
                                    for k, v in _headline(metrics).items()) + "</div>")
     sel = metrics.get("selection")
     candidates = isinstance(sel, dict) and isinstance(sel.get("candidates"), dict)

@@ -217,8 +217,9 @@ def _ignored_options(method: str, ray_address: str | None, threads: int) -> list
 def _render_fit(reg, v, as_json: bool) -> None:
     d = version_record(reg, v)
     m = v.metrics
-    headline = ", ".join(f"{k}={m[k]:.4f}" for k in ("train_top1", "train_cos", "criterion", "null_criterion",
-                                                      "mnn_frac", "mnn_mean_cos")
+    headline = ", ".join(f"{k}={m[k]:.4f}" + (f" (centred; raw {m['train_cos_raw']:.4f})" if k == "train_cos"
+                                                and isinstance(m.get("train_cos_raw"), float) else "")
+                         for k in ("train_top1", "train_cos", "criterion", "null_criterion", "mnn_frac", "mnn_mean_cos")
                          if isinstance(m.get(k), (int, float)) and not isinstance(m.get(k), bool))
     if m.get("reliable") is False:
         headline += f", UNRELIABLE ({m.get('unreliable_reason') or 'criterion close to random maps'})"

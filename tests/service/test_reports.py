@@ -397,3 +397,30 @@ def test_the_reports_params_are_a_table_of_their_own_not_a_cut_cell():
     assert '<td>[&quot;icp&quot;, &quot;self_learning&quot;]</td>' in html and "<td>0.05</td>" in html
     assert "…" not in html
     assert html.index("<th>map</th>") < html.index("<th>params</th>") < html.index("<th>random_state</th>")
+
+
+def test_fit_headline_and_report_label_the_centred_cosine_and_give_the_raw_one(capsys, tmp_path):
+    """The headline showed `train_cos=0.7347` (the target's centred frame) beside an auto selection's raw `cos`
+    0.94, neither labelled; eval labels both ("cos 0.6908 (centred; raw 0.9403)"). The fit says it the same way."""
+    from pathlib import Path
+
+    from conftest import run_cli
+
+    from service.io import write_vectors
+
+    X, Y = _planted_pairs(300, noise=1.0)
+    Y = Y + 4.0 * np.abs(Y).mean()  # a common offset: the raw cosine is far from the centred one
+    write_vectors(tmp_path / "x.npy", X)
+    write_vectors(tmp_path / "y.npy", Y)
+    code, out, err = run_cli(capsys, "--data-dir", tmp_path / "var", "fit", "--source", tmp_path / "x.npy",
+                             "--target", tmp_path / "y.npy", "--method", "procrustes", "--name", "x->y", "--quiet")
+    assert code == 0, err
+    m = align.fit_procrustes(X, Y)  # what the CLI fits from these pairs
+    centred = align.evaluate(m, X, Y)["cos"]
+    Q = m.apply(X, output="raw")
+    raw = float(np.mean(np.sum(Q * Y, 1) / np.linalg.norm(Q, axis=1) / np.linalg.norm(Y, axis=1)))
+    assert abs(raw - centred) > 0.05, (raw, centred)  # else the labels would tell nothing apart
+    assert f"train_cos={centred:.4f} (centred; raw {raw:.4f})" in out, out
+    report = re.search(r"report: (\S+)", out).group(1)
+    html = Path(report).read_text(encoding="utf-8")
+    assert f"train_cos (centred; raw {raw:.4g})<b>{centred:.4g}</b>" in html
