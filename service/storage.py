@@ -47,9 +47,8 @@ from .errors import NotConfiguredError, exception_chain
 __all__ = ["IN_PROGRESS", "STORAGE_ERRNOS", "atomic_write", "check_writable", "data_dir_status", "folder_aside",
            "fsync_dir", "hold", "keep_mode", "is_storage_error", "link_or_copy", "moved_databases", "OpenedFile",
            "no_space_message", "sqlite_backup", "storage_message", "quick_check_findings", "remove_marked",
-           "check_sqlite_path", "sqlite_connect",
-           "sqlite_damaged", "sweep_abandoned", "take_abandoned", "temp_name", "writing", "still_linked",
-           "MAX_SQLITE_PATH", "STALE_TMP_S", "sweep_stale_tmp"]
+           "check_sqlite_path", "sqlite_connect", "sqlite_damaged", "sweep_abandoned", "take_abandoned", "temp_name",
+           "writing", "still_linked", "MAX_SQLITE_PATH", "STALE_TMP_S", "sweep_stale_tmp", "make_parent", "make_dir"]
 
 STORAGE_ERRNOS = {errno.EROFS, errno.ENOSPC, errno.EDQUOT, errno.EPERM, errno.EACCES, errno.EIO, errno.EFBIG}
 _NO_SPACE = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}  # errors of a write: one that names no file was writing
@@ -329,14 +328,17 @@ def take_abandoned(path: Path) -> int | None:
 
 
 def make_parent(path: Path) -> None:
-    """Create ``path``'s folder (and its parents). Where a file stands in the way, the error names that file and
-    ``path`` (``mkdir`` named the blocking file alone: ``[Errno 17] File exists: 'out'`` for an output
-    ``out/o.npy``, with no word of the output)."""
+    """Create ``path``'s folder: :func:`make_dir` naming ``path`` (mkdir's ``File exists: 'out'`` did not)."""
+    make_dir(path.parent, f"cannot write {path}")
+
+
+def make_dir(folder: Path, what: str) -> None:
+    """Create ``folder`` and its parents; a file in the way is a NotADirectoryError "{what}: {file} is a file..."."""
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        folder.mkdir(parents=True, exist_ok=True)
     except (FileExistsError, NotADirectoryError):
-        blocker = next((p for p in reversed(path.parents) if p.exists() and not p.is_dir()), path.parent)
-        raise NotADirectoryError(f"cannot write {path}: {blocker} is a file, not a folder") from None
+        blocker = next((p for p in [*reversed(folder.parents), folder] if p.exists() and not p.is_dir()), folder)
+        raise NotADirectoryError(f"{what}: {blocker} is a file, not a folder") from None
 
 
 def keep_mode(tmp: Path, path: Path) -> None:

@@ -23,7 +23,7 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import BinaryIO, Callable
 
-from ..storage import STALE_TMP_S, atomic_write, sweep_stale_tmp
+from ..storage import STALE_TMP_S, atomic_write, make_dir, sweep_stale_tmp
 from .errors import IntegrityError, RegistryLockedError
 
 __all__ = ["STALE_TMP_S", "ArtifactStore", "sha256_bytes"]
@@ -41,8 +41,9 @@ class ArtifactStore:
 
     def __init__(self, root, hook: Callable[[str], None] | None = None):
         self.root = Path(root).resolve()
-        self.root.mkdir(parents=True, exist_ok=True)
-        (self.root / "tmp").mkdir(exist_ok=True)
+        # a file DATA_DIR/artifacts was "[Errno 17] File exists" for every command (the reports folder is named)
+        make_dir(self.root / "tmp", f"the artifact folder {self.root} cannot be made (move the file, or set "
+                                    f"artifact_dir)")
         self._hook = hook or (lambda point: None)
         self.elsewhere_seen: tuple[float, str | None] | None = None  # (monotonic time, verdict): elsewhere.py
 

@@ -674,3 +674,15 @@ def test_text_inputs_embed_with_the_spaces_models(tmp_path, capsys):
     assert code == 0 and json.loads(out)["top1"] > 0.5, err
     code, _, err = run(capsys, *ev, "--source-encoder", "e5", "--target-encoder", "minilm")
     assert code == 2 and "space 'minilm' is embedded by 'all-MiniLM-L6-v2'" in err
+
+
+@pytest.mark.parametrize("blocked", ["var/artifacts", "var/artifacts/tmp"])
+def test_fit_with_a_file_where_the_artifact_folder_goes_names_it(capsys, data, blocked):
+    """A file at DATA_DIR/artifacts made `fit` print "error: [Errno 17] File exists: .../artifacts" (the same for
+    the reports folder names it): the message says which folder could not be made and why, exit 2 (I/O)."""
+    (data / blocked).parent.mkdir(parents=True, exist_ok=True)
+    (data / blocked).write_text("not a folder")
+    code, out, err = fit_pairs(capsys, data)
+    assert code == 2 and out == "", (code, out, err)
+    assert "Errno" not in err and "Traceback" not in err, err
+    assert f"{data / blocked} is a file, not a folder" in err and "artifact folder" in err, err
