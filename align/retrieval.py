@@ -40,9 +40,41 @@ from .metrics import INTERVAL_LEVEL, count_above, proportion_interval, ranks
 from .validation import check_random_state
 
 __all__ = ["pair_retrieval_scores", "neighbour_overlap", "overlap_without_self", "nn_retention", "relevant_ranks",
-           "labelled_metrics", "labelled_retrieval", "retention_interval", "hubness"]
+           "labelled_metrics", "labelled_retrieval", "retention_interval", "hubness", "chance_p_value",
+           "CHANCE_LEVEL", "MAX_INTERVAL_WIDTH"]
 
 INTERVAL_RESAMPLES = 2000  # bootstrap resamples behind it
+#: a figure that a random ranking reaches at least this often says nothing: its gate can be neither passed nor failed
+CHANCE_LEVEL = 0.01
+#: a retention interval wider than this (the whole span from losing everything to keeping everything) says nothing
+MAX_INTERVAL_WIDTH = 1.0
+
+
+def chance_p_value(hits: int, trials: int, rate: float) -> float:
+    """How often a random ranking scores at least ``hits`` of ``trials`` queries when each is a hit with probability
+    ``rate`` (the binomial upper tail; ``rate`` of a top-k among n candidates: ``k / n``, at most 1)."""
+    from scipy.stats import binom
+
+    if int(hits) <= 0:
+        return 1.0
+    return float(binom.sf(int(hits) - 1, int(trials), min(1.0, max(0.0, float(rate)))))
+
+
+def _undecided(h_nat: int, q: int, n: int, k: int, interval) -> str | None:
+    """Why the R@k retention of ``h_nat`` native hits among ``q`` queries over ``n`` documents cannot decide a gate
+    (None: it can). At chance (a query-side map evaluated corpus-side, or query files given the wrong way round:
+    native R@10 10 of 2,999, retention 2.0 in 0.2-7.0, a PASS), or an interval wider than
+    :data:`MAX_INTERVAL_WIDTH`."""
+    if h_nat == 0:
+        return f"it is undefined: no query finds its relevant document in the native top {k}"
+    p = chance_p_value(h_nat, q, k / n)
+    if p >= CHANCE_LEVEL:
+        return (f"the native R@{k} ({h_nat} of {q} queries) is no better than a random ranking of the {n} documents "
+                f"gives ({q * min(1.0, k / n):.1f} hits expected; as many or more {p:.0%} of the time)")
+    if interval is not None and interval[1] - interval[0] > MAX_INTERVAL_WIDTH:
+        return (f"its 95% interval {interval[0]:.2f}-{interval[1]:.2f} is too wide to say anything ({h_nat} native "
+                f"hits of {q} queries)")
+    return None
 
 
 def overlap_without_self(Ia: np.ndarray, Ib: np.ndarray, k: int, ids=None) -> float:
@@ -273,8 +305,12 @@ def labelled_retrieval(Q_migrated: np.ndarray, D_migrated: np.ndarray, Q_native:
     times; query-side: the mapped queries against the old index, the native ones against the
     new-model documents). ``relevant`` (q,) int: the row of each query's one relevant document.
     All rows unit. Returns ``{"migrated": {...}, "native": {...}, "retention": {...},
-    "retention_interval": {"R@k": [lo, hi] or None}, "interval_level", "n_queries", "n_documents", "k"}``;
-    a retention whose native figure is 0 is ``None``. The interval (:func:`retention_interval`, seeded by
+    "retention_interval": {"R@k": [lo, hi] or None}, "interval_level", "n_queries", "n_documents", "k",
+    "native_hits", "chance_p", "undecided"}``; a retention whose native figure is 0 is ``None``. ``chance_p``:
+    how often a random ranking (top k of n: ``k / n`` per query, :func:`chance_p_value`) has ``native_hits`` or
+    more; ``undecided``: why the R@k retention can decide no gate (native hits none or at chance, p >=
+    :data:`CHANCE_LEVEL`; interval wider than :data:`MAX_INTERVAL_WIDTH`), else None. The interval
+    (:func:`retention_interval`, seeded by
     ``random_state``) says how far the R@k retention could move on another sample of as many queries.
     ``doc_penalty`` (n,): the migrated index ranks by ``q·d - doc_penalty[d]`` (CSLS search:
     ``(w / 2) r(d)``, :func:`hubness`), exactly over all documents; the native one by ``q·d``.
@@ -287,9 +323,11 @@ def labelled_retrieval(Q_migrated: np.ndarray, D_migrated: np.ndarray, Q_native:
     r_nat = relevant_ranks(Q_native, D_native, rel)
     mig, nat = _rank_metrics(r_mig, k), _rank_metrics(r_nat, k)
     interval = retention_interval(r_mig <= k, r_nat <= k, random_state=random_state)
+    q, n, h_nat = int(np.size(relevant)), int(D_native.shape[0]), int((r_nat <= k).sum())
     return {"migrated": mig, "native": nat, "retention": ratios(mig, nat),
             "retention_interval": {f"R@{k}": interval}, "interval_level": INTERVAL_LEVEL,
-            "n_queries": int(np.size(relevant)), "n_documents": int(D_native.shape[0]), "k": int(k)}
+            "n_queries": q, "n_documents": n, "k": int(k), "native_hits": h_nat,
+            "chance_p": chance_p_value(h_nat, q, k / n), "undecided": _undecided(h_nat, q, n, int(k), interval)}
 
 
 def ratios(part: dict, whole: dict) -> dict:

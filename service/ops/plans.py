@@ -30,6 +30,7 @@ import numpy as np
 import align
 from align.exceptions import InputError
 from align.frames import unit_rows
+from align.retrieval import CHANCE_LEVEL, chance_p_value
 from align.validation import distinct_pairs
 
 from ..indexes.csls import CSLS_WEIGHT
@@ -110,7 +111,7 @@ def retention_gate(map_, X: np.ndarray, Y: np.ndarray, *, min_retention: float |
     :func:`align.labelled_retention` and ``retention`` / ``retention_metric`` its R@10 retention; otherwise they are
     the ``nn_retention@10`` proxy. A labelled retention is None (undefined) when no query finds its relevant
     document natively, the proxy NaN on fewer than 12 distinct pairs; a gate on either raises InputError (it can be
-    neither passed nor failed). ``old_queries``
+    neither passed nor failed), as does a gate on a figure at chance (:func:`_undecided`). ``old_queries``
     (the same queries under the old model) adds the keep-the-old-model baseline (``labelled["old"]``,
     ``["beats_old"]``). Labelled retention also gives ``retention_interval`` (its 95 % bootstrap interval over the
     queries) and, with a gate, ``gate_within_interval``: the verdict follows the measured retention, but when the
@@ -142,15 +143,9 @@ def retention_gate(map_, X: np.ndarray, Y: np.ndarray, *, min_retention: float |
     else:
         res["retention"] = res[RETENTION_KEY]
         res["retention_metric"] = RETENTION_KEY
-    if min_retention is not None and not np.isfinite(res["retention"] if res["retention"] is not None else np.nan):
-        # neither a pass nor a fail: say why, exit 2
-        why = (f"none of the {res['labelled']['n_queries']} queries finds its relevant document in the native top 10 "
-               f"of the {res['labelled']['n_documents']} held-out documents; give queries whose relevant documents "
-               f"the new model retrieves (or more of them)" if queries is not None else
-               f"it needs at least 12 distinct held-out pairs (a query, its nearest other row and 10 more), got "
-               f"{res['n_pairs']}; give more held-out pairs")
-        raise InputError(f"the {res['retention_metric']} is undefined, so the retention gate cannot be decided: "
-                         f"{why}, or evaluate without the retention gate")
+    if min_retention is not None and (why := _undecided(res, min_retention)):  # neither a pass nor a fail: exit 2
+        raise InputError(f"the retention gate cannot be decided on the {res['retention_metric']}: {why}; "
+                         f"or evaluate without the retention gate")
     if min_retention is not None:
         res["min_retention"] = float(min_retention)
         res["passed"] = bool(res["retention"] >= min_retention)
@@ -159,6 +154,32 @@ def retention_gate(map_, X: np.ndarray, Y: np.ndarray, *, min_retention: float |
         if iv is not None:
             res["gate_within_interval"] = bool(iv[0] <= min_retention <= iv[1])
     return res
+
+
+def _undecided(res: dict, gate: float) -> str | None:
+    """Why ``res`` (of :func:`retention_gate`) can neither pass nor fail a gate at ``gate``; None when it can.
+    Labelled: :func:`align.labelled_retention`'s ``undecided`` (native R@10 none or at chance, or an interval too
+    wide: a query-side map evaluated corpus-side PASSed on native R@10 10 of 2,999 at retention 2.0). Proxy: undefined
+    below 12 pairs, and a random map's ``nn_retention@10`` (each relevant row one of n - 1 candidates, in a random
+    top 10 with probability 10 / (n - 1)) must reach the gate less than :data:`align.retrieval.CHANCE_LEVEL` of the
+    time (a map given its files the wrong way round PASSed 0.6 on 12-20 pairs)."""
+    if "labelled" in res:
+        lab = res["labelled"]
+        why = lab["undecided"]
+        return why and (f"{why} ({lab['n_queries']} queries, {lab['n_documents']} held-out documents); give "
+                        f"labelled queries and documents of one model each, scored on the side the map serves "
+                        f"(corpus-side, or query-side: --side source), or more of them")
+    n, q = res["n_pairs"], res["n_queries"]
+    if not np.isfinite(res["retention"]):
+        return (f"it is undefined: it needs at least 12 distinct held-out pairs (a query, its nearest other row and "
+                f"10 more), got {n}; give more held-out pairs")
+    rate = min(1.0, 10 / (n - 1))
+    p = chance_p_value(int(np.ceil(gate * q - 1e-9)), q, rate)
+    if p >= CHANCE_LEVEL:
+        return (f"with {n} held-out pairs each relevant row is one of {n - 1} candidates, in a random top 10 "
+                f"{rate:.0%} of the time, so a random map reaches {gate} {p:.0%} of the time; give more held-out "
+                f"pairs")
+    return None
 
 
 def check_eval_spaces(v, m, X: np.ndarray, Y: np.ndarray) -> list[str]:
