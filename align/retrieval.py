@@ -46,7 +46,7 @@ __all__ = ["pair_retrieval_scores", "neighbour_overlap", "overlap_without_self",
 INTERVAL_RESAMPLES = 2000  # bootstrap resamples behind it
 #: a figure that a random ranking reaches at least this often says nothing: its gate can be neither passed nor failed
 CHANCE_LEVEL = 0.01
-#: a retention interval wider than this (the whole span from losing everything to keeping everything) says nothing
+#: a retention interval this wide or wider (the span from losing everything to keeping everything) says nothing
 MAX_INTERVAL_WIDTH = 1.0
 
 
@@ -63,15 +63,15 @@ def chance_p_value(hits: int, trials: int, rate: float) -> float:
 def _undecided(h_nat: int, q: int, n: int, k: int, interval) -> str | None:
     """Why the R@k retention of ``h_nat`` native hits among ``q`` queries over ``n`` documents cannot decide a gate
     (None: it can). At chance (a query-side map evaluated corpus-side, or query files given the wrong way round:
-    native R@10 10 of 2,999, retention 2.0 in 0.2-7.0, a PASS), or an interval wider than
-    :data:`MAX_INTERVAL_WIDTH`."""
+    native R@10 10 of 2,999, retention 2.0 in 0.2-7.0, a PASS), or an interval as wide as
+    :data:`MAX_INTERVAL_WIDTH` or wider."""
     if h_nat == 0:
         return f"it is undefined: no query finds its relevant document in the native top {k}"
     p = chance_p_value(h_nat, q, k / n)
     if p >= CHANCE_LEVEL:
         return (f"the native R@{k} ({h_nat} of {q} queries) is no better than a random ranking of the {n} documents "
                 f"gives ({q * min(1.0, k / n):.1f} hits expected; as many or more {p:.0%} of the time)")
-    if interval is not None and interval[1] - interval[0] > MAX_INTERVAL_WIDTH:
+    if interval is not None and interval[1] - interval[0] >= MAX_INTERVAL_WIDTH:
         return (f"its 95% interval {interval[0]:.2f}-{interval[1]:.2f} is too wide to say anything ({h_nat} native "
                 f"hits of {q} queries)")
     return None
@@ -309,7 +309,7 @@ def labelled_retrieval(Q_migrated: np.ndarray, D_migrated: np.ndarray, Q_native:
     "native_hits", "chance_p", "undecided"}``; a retention whose native figure is 0 is ``None``. ``chance_p``:
     how often a random ranking (top k of n: ``k / n`` per query, :func:`chance_p_value`) has ``native_hits`` or
     more; ``undecided``: why the R@k retention can decide no gate (native hits none or at chance, p >=
-    :data:`CHANCE_LEVEL`; interval wider than :data:`MAX_INTERVAL_WIDTH`), else None. The interval
+    :data:`CHANCE_LEVEL`; interval as wide as :data:`MAX_INTERVAL_WIDTH`), else None. The interval
     (:func:`retention_interval`, seeded by
     ``random_state``) says how far the R@k retention could move on another sample of as many queries.
     ``doc_penalty`` (n,): the migrated index ranks by ``q·d - doc_penalty[d]`` (CSLS search:

@@ -11,7 +11,8 @@ import align
 from align.exceptions import (DegenerateInputError, DimensionMismatchError, InputError, NonFiniteError,
                               PairCountError)
 from align.frames import unit_rows
-from align.retrieval import hubness, labelled_retrieval, relevant_ranks, retention_interval
+from align.retrieval import (CHANCE_LEVEL, MAX_INTERVAL_WIDTH, chance_p_value, hubness, labelled_retrieval,
+                             relevant_ranks, retention_interval)
 
 
 def _corpus(n=400, d=16, q=120, seed=0, query_noise=0.6):
@@ -361,3 +362,36 @@ def test_a_map_that_sends_every_row_to_one_vector_is_not_scored_perfect():
     assert ridge["alpha"] == 1e-2, ridge  # α = 1e6 maps every row to one vector (spread ~1e-7)
     out = m.apply(Xu[:50])
     assert np.abs(out - out[0]).max() > 1e-3
+
+
+def test_chance_p_value_is_the_binomial_upper_tail():
+    from math import comb
+
+    for hits, q, rate in ((0, 50, 0.1), (2, 600, 10 / 2999), (7, 30, 0.05), (30, 30, 0.9), (5, 20, 1.0)):
+        brute = sum(comb(q, i) * rate ** i * (1 - rate) ** (q - i) for i in range(hits, q + 1))
+        assert chance_p_value(hits, q, rate) == pytest.approx(min(1.0, brute), rel=1e-9, abs=1e-12)
+
+
+def test_a_native_figure_at_chance_or_an_interval_too_wide_decides_no_gate():
+    """Queries of another model than the native documents (a query-side map evaluated corpus-side) hit at chance: a
+    retention 2.0 on 2 native hits of 600 PASSed a 0.6 gate. ``undecided`` now says why; the right queries leave it
+    None. Queries that hit natively far above chance but only a few times leave an interval too wide to say anything."""
+    X, Y, Q, rel, R = _corpus(n=400, q=120, seed=5, query_noise=0.3)
+    fwd = align.LinearMap(R.astype(np.float32))
+    good = align.labelled_retention(fwd, X, Y, Q, rel)
+    assert good["undecided"] is None and good["native_hits"] > 60 and good["chance_p"] < 1e-12
+    other = np.random.default_rng(9).normal(size=Q.shape).astype(np.float32)   # queries that belong to nothing here
+    bad = align.labelled_retention(fwd, X, Y, other, rel)
+    assert bad["native_hits"] == round(bad["native"]["R@10"] * len(rel))
+    assert bad["chance_p"] >= CHANCE_LEVEL and "no better than a random ranking" in bad["undecided"]
+    # 6 queries, 3 of which hit natively (10 of 400 at random: 0.15 expected): far above chance, but a ratio of so
+    # few hits has an interval spanning [0, 1]: it says nothing
+    rng = np.random.default_rng(2)
+    few = np.concatenate([Y[rel[:3]], rng.normal(size=(3, 16)).astype(np.float32)])
+    noisy = align.LinearMap(R.astype(np.float32) + 0.5 * rng.normal(size=(16, 16)).astype(np.float32))
+    res = align.labelled_retention(noisy, X, Y, few, rel[:6])
+    lo, hi = res["retention_interval"]["R@10"]
+    assert res["chance_p"] < CHANCE_LEVEL and res["native_hits"] == 3 and hi - lo >= MAX_INTERVAL_WIDTH
+    assert "too wide" in res["undecided"]
+    kept = align.labelled_retention(fwd, X, Y, few, rel[:6])     # the exact map keeps all 3: [1, 1], decided
+    assert kept["undecided"] is None and kept["retention"]["R@10"] == 1.0

@@ -92,7 +92,7 @@ retention over the queries; with a gate, `gate_within_interval` says the queries
 source-model vectors the map moves into the target index). `min_retention` / `min_top1` add
 `result`: `PASS` or `FAIL` (still 200: the gate's verdict is data; `retention` is null when no query finds its
 relevant document natively, and a `min_retention` gate on it is a 422; so is a gate on a native R@10 no better
-than chance, on a retention interval wider than 1, or on `nn_retention@10` of so few pairs that a random map
+than chance, on a retention interval 1 wide or wider, or on `nn_retention@10` of so few pairs that a random map
 reaches the gate). Each vector set is `vectors` or
 `vectors_b64` + `dim`. Above `max_queries` held-out pairs (default {EVAL_MAX_QUERIES:,}) the pair figures rank a
 sample of that many (drawn with `random_state`) against all of them: `n_queries` says how many, `intervals` (here and

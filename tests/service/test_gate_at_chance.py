@@ -1,0 +1,123 @@
+"""A retention gate never PASSes a figure at chance (QA, session 52).
+
+On WordNet glosses embedded by the real MiniLM and e5 (the shared set, or the sample the tests embed), with queries
+planted near their relevant gloss (the gloss's own vector plus noise, under each model): a query-side map evaluated
+without ``--side source``, and the two query files given the wrong way round, ranked new-model queries against
+old-model documents: native R@10 at chance (2 of 600 on 2,999 documents), retention 2.0 (interval 0.2-7.0) and PASS
+at 0.6, exit 0; over HTTP a PASS too. Without queries, a map given its files the wrong way round on 12-20 held-out
+pairs (the files-swapped check starts at 50) PASSed the ``nn_retention@10`` gate: with n pairs a relevant row is in a
+random top 10 of the n - 1 others with probability 10 / (n - 1). Each now exits 2 (HTTP 422) with the reason, while
+the same files the right way round are judged (PASS or FAIL)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from _api_support import R, settings_for, vectors_b64
+from conftest import run_cli as run
+
+from service.api import create_app
+from service.io import write_vectors
+
+DOCS = slice(2000, 3500)  # 1,500 held-out glosses; the maps are fitted on rows 0:2000
+
+
+def _unit(A):
+    A = np.asarray(A, np.float32)
+    return A / np.linalg.norm(A, axis=1, keepdims=True)
+
+
+@pytest.fixture(scope="module")
+def task(tmp_path_factory, wordnet):
+    old, new = wordnet["minilm"], wordnet["e5"]
+    d = tmp_path_factory.mktemp("chance")
+    rng = np.random.default_rng(0)
+    rel = rng.choice(DOCS.stop - DOCS.start, 300, replace=False)
+    docs_old, docs_new = _unit(old[DOCS]), _unit(new[DOCS])
+    write_vectors(d / "old_docs.npy", docs_old)
+    write_vectors(d / "new_docs.npy", docs_new)
+    write_vectors(d / "old_pairs.npy", np.asarray(old[:2000], np.float32))
+    write_vectors(d / "new_pairs.npy", np.asarray(new[:2000], np.float32))
+    # each query near its relevant gloss under each model (e5's glosses lie closer together: less noise)
+    write_vectors(d / "q_new.npy", _unit(docs_new[rel] + rng.normal(0, 0.15, (rel.size, 384))))
+    write_vectors(d / "q_old.npy", _unit(docs_old[rel] + rng.normal(0, 0.3, (rel.size, 384))))
+    np.save(d / "rel.npy", rel)
+    from service.cli import main
+
+    for src, tgt, name in (("old", "new", "minilm-e5"), ("new", "old", "e5-minilm")):
+        code = main([str(a) for a in ("--data-dir", d / "var", "fit", "--pairs", "--source", d / f"{src}_pairs.npy",
+                                      "--target", d / f"{tgt}_pairs.npy", "--method", "ridge", "--name", name,
+                                      "--quiet")])
+        assert code == 0
+    return d
+
+
+def _eval(capsys, d, *args):
+    return run(capsys, "--data-dir", d / "var", "eval", *args)
+
+
+def test_a_query_side_map_evaluated_corpus_side_is_not_passed(task, capsys):
+    d = task
+    common = ["--map", "e5-minilm", "--source", d / "new_docs.npy", "--target", d / "old_docs.npy",
+              "--queries", d / "q_new.npy", "--relevant", d / "rel.npy"]
+    code, out, err = _eval(capsys, d, *common, "--json")
+    lab = json.loads(out)["retrieval"]["labelled"]
+    assert code == 0 and lab["native"]["R@10"] < 0.03, err    # e5 queries against MiniLM glosses: chance
+    assert lab["undecided"] and "random ranking" in lab["undecided"] and lab["chance_p"] >= 0.01
+    code, out, err = _eval(capsys, d, *common)
+    assert code == 0 and "this retention decides no gate: the native R@10" in out, err
+    for gate in ("0.6", "0.0", "1.0"):
+        code, out, err = _eval(capsys, d, *common, "--min-retention", gate)
+        assert code == 2 and "cannot be decided" in err and "no better than a random ranking" in err, (gate, out)
+        assert "PASS" not in out and "FAIL" not in out
+    code, out, err = _eval(capsys, d, *common, "--side", "source", "--min-retention", "0.6", "--json")
+    res = json.loads(out)
+    assert code in (0, 1) and res["retrieval"]["labelled"]["undecided"] is None, err   # the side it serves: judged
+    assert res["retrieval"]["labelled"]["native"]["R@10"] > 0.3 and res["result"] in ("PASS", "FAIL")
+
+
+def test_query_files_the_wrong_way_round_are_not_passed(task, capsys):
+    d = task
+    common = ["--map", "minilm-e5", "--source", d / "old_docs.npy", "--target", d / "new_docs.npy",
+              "--relevant", d / "rel.npy", "--min-retention", "0.6"]
+    code, out, err = _eval(capsys, d, *common, "--queries", d / "q_old.npy", "--old-queries", d / "q_new.npy")
+    assert code == 2 and "no better than a random ranking" in err and "PASS" not in out, (out, err)
+    code, out, err = _eval(capsys, d, *common, "--queries", d / "q_new.npy", "--old-queries", d / "q_old.npy")
+    assert code in (0, 1) and ("PASS: labelled" in out or "FAIL: labelled" in out), err
+
+
+@pytest.mark.parametrize("rows", ["0:12", "0:20"])
+def test_a_proxy_gate_on_too_few_pairs_for_its_top_10_is_not_passed(task, capsys, rows):
+    d = task
+    code, out, err = _eval(capsys, d, "--map", "e5-minilm", "--source", d / "old_docs.npy", "--target",
+                           d / "new_docs.npy", "--rows", rows, "--min-retention", "0.6")
+    assert code == 2 and "a random map reaches 0.6" in err and "PASS" not in out, (out, err)
+
+
+def test_a_proxy_gate_on_enough_pairs_is_judged(task, capsys):
+    d = task
+    code, out, err = _eval(capsys, d, "--map", "e5-minilm", "--source", d / "new_docs.npy", "--target",
+                           d / "old_docs.npy", "--rows", "0:40", "--min-retention", "0.6")
+    assert code in (0, 1) and ("PASS: nn_retention@10" in out or "FAIL: nn_retention@10" in out), (out, err)
+
+
+def test_http_evaluate_refuses_a_gate_at_chance_as_it_refuses_an_undefined_one(task):
+    import httpx
+    from _servers import serve_in_thread
+
+    d = task
+    b64 = vectors_b64
+    new_docs, old_docs = np.load(d / "new_docs.npy"), np.load(d / "old_docs.npy")
+    body = {"source": b64(new_docs), "target": b64(old_docs), "queries": b64(np.load(d / "q_new.npy")),
+            "relevant": np.load(d / "rel.npy").tolist(), "min_retention": 0.6}
+    settings = settings_for(d / "svc", data_dir=d / "var")
+    with serve_in_thread(create_app(settings)) as url, httpx.Client(base_url=url, headers=R, timeout=120) as c:
+        r = c.post("/v1/maps/e5-minilm/evaluate", json=body)
+        assert r.status_code == 422 and "no better than a random ranking" in r.json()["error"]["message"], r.text
+        r = c.post("/v1/maps/e5-minilm/evaluate", json={**body, "side": "source"})
+        assert r.status_code == 200 and r.json()["result"] in ("PASS", "FAIL"), r.text
+        r = c.post("/v1/maps/e5-minilm/evaluate", json={"source": b64(old_docs[:12]), "target": b64(new_docs[:12]),
+                                                         "min_retention": 0.6})
+        assert r.status_code == 422 and "a random map reaches" in r.json()["error"]["message"], r.text
