@@ -162,7 +162,7 @@ def _undecided(res: dict, gate: float) -> str | None:
     wide: a query-side map evaluated corpus-side PASSed on native R@10 10 of 2,999 at retention 2.0). Proxy: undefined
     below 12 pairs, and a random map's ``nn_retention@10`` (each relevant row one of n - 1 candidates, in a random
     top 10 with probability 10 / (n - 1)) must reach the gate less than :data:`align.retrieval.CHANCE_LEVEL` of the
-    time (a map given its files the wrong way round PASSed 0.6 on 12-20 pairs)."""
+    time (a map given its files the wrong way round PASSed 0.6 on 12-20 pairs); a gate of 0 is not refused."""
     if "labelled" in res:
         lab = res["labelled"]
         why = lab["undecided"]
@@ -173,9 +173,9 @@ def _undecided(res: dict, gate: float) -> str | None:
     if not np.isfinite(res["retention"]):
         return (f"it is undefined: it needs at least 12 distinct held-out pairs (a query, its nearest other row and "
                 f"10 more), got {n}; give more held-out pairs")
-    rate = min(1.0, 10 / (n - 1))
-    p = chance_p_value(int(np.ceil(gate * q - 1e-9)), q, rate)
-    if p >= CHANCE_LEVEL:
+    rate, need = min(1.0, 10 / (n - 1)), int(np.ceil(gate * q - 1e-9))
+    p = chance_p_value(need, q, rate)
+    if need > 0 and p >= CHANCE_LEVEL:  # a gate of 0 every map passes by its own terms, on any number of pairs
         return (f"with {n} held-out pairs each relevant row is one of {n - 1} candidates, in a random top 10 "
                 f"{rate:.0%} of the time, so a random map reaches {gate} {p:.0%} of the time; give more held-out "
                 f"pairs")
