@@ -164,11 +164,9 @@ def _undecided(res: dict, gate: float) -> str | None:
     top 10 with probability 10 / (n - 1)) must reach the gate less than :data:`align.retrieval.CHANCE_LEVEL` of the
     time (a map given its files the wrong way round PASSed 0.6 on 12-20 pairs); a gate of 0 is not refused."""
     if "labelled" in res:
-        lab = res["labelled"]
-        why = lab["undecided"]
-        return why and (f"{why} ({lab['n_queries']} queries, {lab['n_documents']} held-out documents); give "
-                        f"labelled queries and documents of one model each, scored on the side the map serves "
-                        f"(corpus-side, or query-side: --side source), or more of them")
+        why = res["labelled"]["undecided"]
+        return why and (f"{why}; give labelled queries and documents of one model each, scored on the side the map "
+                        f"serves (corpus-side, or query-side: --side source), or more of them")
     n, q = res["n_pairs"], res["n_queries"]
     if not np.isfinite(res["retention"]):
         return (f"it is undefined: it needs at least 12 distinct held-out pairs (a query, its nearest other row and "
