@@ -27,6 +27,7 @@ from .frames import Frame, unit_rows
 from .knn import knn, knn_blocks
 from .learning_curve import _curve_fit, fit_learning_curve, forecast, forecast_per_k, kept_forecast
 from .options import check_callable, check_flag, check_number
+from .plan_checks import check_curve_informative, check_pairs_beyond_chance, same_up_to_rotation, short_of_target
 from .retrieval import overlap_without_self, relevant_ranks
 
 __all__ = ["select_rows_to_embed", "knn_overlap", "plan_migration", "fit_learning_curve", "forecast", "forecast_per_k",
@@ -335,13 +336,22 @@ def plan_migration(X_old, probe_src, probe_tgt, *, random_state=0, target_retent
        (:func:`forecast_per_k`: within the probe's K the higher curve there, beyond it the best method at
        the largest probe K, extrapolated).
     3. Recommendation: the smallest K of ``target_ks`` whose prediction (``kept`` with ``keep``) reaches
-       ``target_retention`` (else the largest), that K's method (``"contrastive"``-capable ``"auto"``
+       ``target_retention``, that K's method (``"contrastive"``-capable ``"auto"``
        when K ≥ 1,000; ``forecast_method`` is the closed-form method the forecast is of, and a note says that
        ``auto`` may fit another family, which the interval does not forecast: see :data:`AUTO_NOTE`), and
-       ``select_rows_to_embed`` (k-means++) rows of ``X_old`` for that K. A K of at
-       least the corpus size re-embeds all of it (nothing to lose): the recommended K is then the corpus size,
-       ``whole_corpus`` says so and a note says to re-embed instead of migrating. The target K of at least the
-       corpus size are one forecast row at the corpus size, retention 1 with ``whole_corpus``.
+       ``select_rows_to_embed`` (k-means++) rows of ``X_old`` for that K. When no K that migrates reaches it,
+       re-embedding every row is the only choice predicted to: the recommended K is the corpus size,
+       ``whole_corpus`` says so, ``migration_reaches_target`` is False, ``best_migrating`` holds the best K with
+       its forecast, and a note sets the choices side by side (re-embed every row, migrate at that K, keep the old
+       model; :func:`align.plan_checks.short_of_target`). It had recommended the largest K, forecast far below
+       the target, and said only "the largest is recommended". With ``old_is_sample`` (no corpus size) the
+       largest K is recommended and a note says none reaches. The target K of at least the corpus size are one
+       forecast row at the corpus size, retention 1 with ``whole_corpus``.
+    0. Refusals before any recommendation: a probe whose pairs look unpaired (its kNN@10 overlap within
+       :data:`align.plan_checks.PAIRED_Z` standard errors of chance: DegenerateInputError), and a curve with less
+       than one held-out hit per fit on average over its points (a probe too small for the space:
+       TooFewRowsError, naming the probe size that would do). Identical neighbourhoods (alignability ≥ 0.99)
+       add a note that the spaces are the same up to a rotation.
     4. With labelled queries whose measured retention exceeds 1 at some curve point (the migrated index's R@10,
        exact, above the native estimate), that estimate is inconsistent: the plan is the one without them (the
        proxy's forecast and recommendation), with their ``labelled`` curve and ``native`` R@10 and a note why.
@@ -382,6 +392,8 @@ def plan_migration(X_old, probe_src, probe_tgt, *, random_state=0, target_retent
                               f"{distinct}")
     check_rankable(A, name=n_src)  # an all-zero or constant side has no neighbourhoods to forecast from
     check_rankable(B, name=n_tgt)
+    raw_overlap = knn_overlap(A, B)
+    check_pairs_beyond_chance(raw_overlap, A.shape[0], (n_src, n_tgt))  # shuffled rows: not a plan of ~0 everywhere
     if A.shape[1] != Xo.shape[1]:
         from .exceptions import DimensionMismatchError
 
@@ -457,6 +469,7 @@ def plan_migration(X_old, probe_src, probe_tgt, *, random_state=0, target_retent
                 target_ks=target_ks, repeats=repeats, methods=methods, distractors=distractors,
                 select_rows=select_rows, old_is_sample=old_is_sample, progress=progress, names=names, rows_k=rows_k,
                 keep=keep))
+    check_curve_informative(curve, val.size if lab is None else int(lab.Q.shape[0]), top, A.shape[1], p)
     fits = {m: _curve_fit(curve[m], lab is not None) for m in methods}
     best = max(methods, key=lambda m: curve[m][-1]["mean"])  # at the probe's largest K
     predicted = forecast_per_k(fits, best, target_ks, top, dim=A.shape[1])
@@ -474,21 +487,34 @@ def plan_migration(X_old, probe_src, probe_tgt, *, random_state=0, target_retent
             if "kept" in q:
                 q["kept"]["r10"] = float(q["kept"]["retention"] * r_new) if np.isfinite(r_new) else float("nan")
     read = (lambda q: q["kept"]) if keep else (lambda q: q)  # the forecast the recommendation reads
-    reach = [q for q in predicted if read(q)["retention"] >= target_retention or q["k"] >= n_old]
-    rec = min(reach, key=lambda q: q["k"]) if reach else max(predicted, key=lambda q: q["k"])
+    migrating = [q for q in predicted if not q.get("whole_corpus")]
+    reach = [q for q in migrating if read(q)["retention"] >= target_retention]
+    kept_rows = " with its re-embedded rows kept (the kept forecast)" if keep else ""
+    short = None  # none that migrates reaches it: re-embedding every row does, the best K and the old model beside
+    if not reach and migrating and not old_is_sample:
+        short = short_of_target(migrating, read, target_retention, int(n_old), kept_rows,
+                                None if native is None else native["old_corpus"])
+    if reach:
+        rec = min(reach, key=lambda q: q["k"])
+    elif old_is_sample:
+        rec = max(predicted, key=lambda q: q["k"])
+    else:  # the whole corpus (its method: the best migrating K's, as the whole-corpus forecast row's)
+        rec = {**(short[0] if short else predicted[-1]), "k": int(n_old)}
     k_rec = int(min(rec["k"], n_old))
     k_rows = min(k_rec, Xo.shape[0])
-    raw_overlap = knn_overlap(A, B)
     overlap = _beyond_chance(raw_overlap, 10, p)
     notes = [FLOOR_NOTE if lab is None else LABELLED_NOTE]
-    kept_rows = " with its re-embedded rows kept (the kept forecast)" if keep else ""
-    if not reach:
+    if short is not None:
+        notes.append(short[1])
+    elif not reach and old_is_sample:  # a sample of a corpus of unknown size (a fit report): no whole corpus
         notes.append(f"no K in {list(target_ks)} is predicted to reach retention {target_retention}{kept_rows}; "
                      f"the largest is recommended")
-    if k_rec == n_old:
-        notes.append(f"the recommended K is the whole old corpus ({n_old} rows): no smaller K of {list(target_ks)} "
-                     f"is predicted to reach retention {target_retention}{kept_rows}, so re-embed every row with the "
-                     f"new model instead of migrating")
+    elif k_rec == n_old:  # every target K re-embeds the whole corpus
+        notes.append(f"the recommended K is the whole old corpus ({n_old} rows): every K of {list(target_ks)} is at "
+                     f"least its size, so re-embed every row with the new model instead of migrating")
+    rotation = same_up_to_rotation(overlap, A.shape[1], B.shape[1])
+    if rotation:
+        notes.append(rotation)
     if overlap < ALIGNABLE:
         notes.append(f"alignability {overlap:.3f} < {ALIGNABLE}: unsupervised alignment is not expected to work; "
                      f"use pairs")
@@ -517,7 +543,9 @@ def plan_migration(X_old, probe_src, probe_tgt, *, random_state=0, target_retent
         notes.append(f"{n_given - p} of the {n_given} probe pairs repeat another pair: the plan is of the {p} distinct "
                      f"ones")
     report("rows to re-embed", 0.0)
-    chosen = distinct_rows_to_embed(Xo, rows_k or k_rows, random_state=rng)[0].tolist() if select_rows else []
+    every = rows_k is None and k_rows == Xo.shape[0]  # every row: no k-means++ over the whole corpus to pick them all
+    chosen = (distinct_rows_to_embed(Xo, rows_k or k_rows, method="random" if every else "kmeans++",
+                                     random_state=rng)[0].tolist() if select_rows else [])
     if select_rows and len(chosen) < (rows_k or k_rows):  # copies in the corpus: said here, not as a warning
         notes.append(f"rows_to_embed holds {len(chosen)} rows, not {rows_k or k_rows}: the old corpus has only "
                      f"{len(chosen)} distinct rows (the others are copies; re-embedding a copy adds no pair)")
@@ -533,7 +561,10 @@ def plan_migration(X_old, probe_src, probe_tgt, *, random_state=0, target_retent
         "predicted": predicted, "target_retention": float(target_retention),
         "recommended": {"method": "auto" if k_rec >= 1000 else rec["method"], "forecast_method": rec["method"],
                         "k": k_rec, "whole_corpus": bool(k_rec == n_old),
-                        "forecast": "kept" if keep else "retention"},
+                        "forecast": "kept" if keep else "retention", "migration_reaches_target": bool(reach),
+                        **({} if short is None else {"best_migrating": {
+                            "k": short[0]["k"], "method": "auto" if short[0]["k"] >= 1000 else short[0]["method"],
+                            **{key: read(short[0])[key] for key in ("retention", "low", "high")}}})},
         "rows_to_embed": chosen,
         "notes": notes,
     }

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 import align
+from align.exceptions import TooFewRowsError
 
 DEMO = Path(__file__).resolve().parents[2] / "service" / "data" / "demo_wordnet.npz"
 
@@ -55,13 +56,18 @@ def test_plan_of_a_probe_too_small_to_rise_does_not_claim_zero_retention_at_larg
     """minilm -> e5 from an 80-pair probe over a 20,000-row corpus (4,000 in the fallback sample): every curve point
     (K = 20-40, far below 384 dimensions) kept none of the neighbours, and the plan forecast 0.000 with the interval
     [0.000, 0.000] at K = 3,000, where a ridge map from 3,000 pairs keeps about a quarter of them on the plan's own
-    statistic. Beyond the probe the interval now runs to 1, and a note says the probe cannot forecast there."""
+    statistic. Beyond the probe the interval now runs to 1, and a note says the probe cannot forecast there; a curve
+    under one held-out hit per fit (every point 0) is now refused, naming the probe size that would do."""
     n = len(wordnet["minilm"])
     corpus, probe = (20000, 32768) if n >= 32848 else (n - 96, n - 80)  # the fallback sample: 4,000 + 80 rows
     X = wordnet["minilm"][:corpus].astype(np.float32)
     A = wordnet["minilm"][probe:probe + 80].astype(np.float32)
     B = wordnet["e5"][probe:probe + 80].astype(np.float32)
-    plan = align.plan_migration(X, A, B, random_state=0, select_rows=False, target_ks=(100, 3000))
+    try:
+        plan = align.plan_migration(X, A, B, random_state=0, select_rows=False, target_ks=(100, 3000))
+    except TooFewRowsError as e:  # under one held-out hit per fit (the shared set's rows: every point 0)
+        assert "too small to forecast" in str(e) and "at least 768 pairs" in str(e)
+        return
     assert [(q["extrapolated"], q["high"]) for q in plan["predicted"]] == [(True, 1.0), (True, 1.0)]
     # a curve of zeros (the shared set's rows) did not rise; either way its maps come from <= 40 pairs in 384 dims
     flat = all(q["mean"] == 0.0 for q in plan["curve"][plan["best_method"]])

@@ -702,7 +702,8 @@ def test_plan_never_recommends_more_rows_than_the_old_corpus_has():
     p = align.plan_migration(X, X[:200], Y[:200], target_retention=0.99)
     assert max(q["retention"] for q in p["predicted"] if q["k"] < 400) < 0.99
     assert p["recommended"]["k"] == len(p["rows_to_embed"]) == 400 and p["recommended"]["whole_corpus"]
-    assert any("whole old corpus (400 rows)" in n for n in p["notes"])
+    assert p["recommended"]["migration_reaches_target"] is False  # and the note sets the choices side by side
+    assert any("no K that migrates" in n and "re-embed every row (400;" in n for n in p["notes"])
     q = align.plan_migration(X, X[:200], Y[:200], target_retention=0.05)  # reached well inside the corpus
     assert q["recommended"]["k"] == 100 and not q["recommended"]["whole_corpus"]
 
@@ -853,8 +854,10 @@ def test_a_plan_recommending_auto_names_the_method_its_forecast_is_of():
     from align.plan import AUTO_NOTE
 
     X, Y = _planted_plan_pairs()
-    big = align.plan_migration(X, X[:300], Y[:300], random_state=0, select_rows=False, target_ks=(100, 1000),
-                               target_retention=1.0)
+    kw = {"random_state": 0, "select_rows": False, "target_ks": (100, 1000)}
+    at = [q["retention"] for q in align.plan_migration(X, X[:300], Y[:300], target_retention=0.05, **kw)["predicted"]]
+    assert at[0] < at[1]  # K = 1,000 reaches what K = 100 does not (no K reaching it recommends the whole corpus)
+    big = align.plan_migration(X, X[:300], Y[:300], target_retention=at[1], **kw)
     rec = big["recommended"]
     assert (rec["method"], rec["k"], rec["whole_corpus"]) == ("auto", 1000, False)
     assert rec["forecast_method"] == big["predicted"][-1]["method"] in ("procrustes", "ridge")

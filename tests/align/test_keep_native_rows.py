@@ -126,7 +126,7 @@ def test_keep_never_recommends_more_rows_and_each_recommendation_reaches_its_own
     """Issue 16: the recommendation read the every-row-mapped ``retention`` even for a migration that keeps its
     re-embedded rows, whose ``kept`` forecast (never lower) reaches a target at a smaller K on a small corpus. With
     ``keep`` it reads ``kept``: the same forecasts, a K no larger, and each the smallest K whose own forecast reaches
-    the target (the whole corpus, or the largest K with a note, when none does)."""
+    the target (the whole corpus, with the best migrating K and a note, when none that migrates does)."""
     rng = np.random.default_rng(seed)
     X = rng.standard_normal((n, 16)).astype(np.float32)
     Y = (X @ np.linalg.qr(rng.standard_normal((16, 16)))[0] + noise * rng.standard_normal((n, 16))).astype(np.float32)
@@ -137,13 +137,16 @@ def test_keep_never_recommends_more_rows_and_each_recommendation_reaches_its_own
     for keep, plan in plans.items():
         rec, read = plan["recommended"], _reads(keep)
         assert rec["forecast"] == ("kept" if keep else "retention")
-        row = next(q for q in plan["predicted"] if q["k"] == rec["k"])
-        reached = [q["k"] for q in plan["predicted"] if read(q)["retention"] >= target or q.get("whole_corpus")]
+        reached = [q["k"] for q in plan["predicted"] if read(q)["retention"] >= target and not q.get("whole_corpus")]
         if reached:
-            assert rec["k"] == min(reached) and (read(row)["retention"] >= target or rec["whole_corpus"])
-        else:  # none reaches: the largest, and a note says so
-            assert rec["k"] == max(q["k"] for q in plan["predicted"])
-            assert any(f"reach retention {target}" in note for note in plan["notes"])
+            row = next(q for q in plan["predicted"] if q["k"] == rec["k"])
+            assert rec["k"] == min(reached) and read(row)["retention"] >= target and rec["migration_reaches_target"]
+        else:  # none that migrates reaches it: the whole corpus, the best migrating K beside it (it was the largest K)
+            assert rec["whole_corpus"] and rec["k"] == n and not rec["migration_reaches_target"], rec
+            migrating = [q for q in plan["predicted"] if not q.get("whole_corpus")]
+            if migrating:
+                assert rec["best_migrating"]["retention"] >= max(read(q)["retention"] for q in migrating) - 1e-3
+                assert any(f"reach retention {target:g}" in note for note in plan["notes"])
 
 
 def test_keep_recommends_the_smaller_k_whose_kept_forecast_reaches_the_target():

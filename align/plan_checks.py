@@ -1,0 +1,105 @@
+"""What a migration plan checks of its probe and its curve before it recommends anything
+(:func:`align.plan.plan_migration` calls these).
+
+- :func:`check_pairs_beyond_chance` — a probe whose rows are not the same texts (one file shuffled, another
+  ``--probe-rows``) has a kNN overlap at chance: refused, naming the row order, where the plan used to say
+  "alignability 0.002 < 0.4 ... use pairs" to a user who was using pairs.
+- :func:`check_curve_informative` — a learning curve with less than one held-out hit per fit on average (every
+  point 0, or a stray hit: a probe far too small for the space) forecasts nothing: refused with the probe size that would, where the
+  plan used to recommend re-embedding every row from it.
+- :func:`short_of_target` — no migrating K reaches the target: the note that says so and sets the three choices
+  side by side (re-embed every row, migrate at the best K with its forecast, keep the old model).
+- :func:`same_up_to_rotation` — identical neighbourhoods (alignability ~1): the note that the spaces are the same
+  up to a rotation.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .exceptions import DegenerateInputError, TooFewRowsError
+
+#: one-sided z of the probe's kNN overlap above chance under which its pairs are read as unpaired. WordNet rows
+#: 32,768+, one side shuffled (five draws each): z -2.4..2.4 on 1,000 pairs, -1.0..0.9 on 50 (the rows are not
+#: independent, so the spread runs above 1); paired: glove->minilm 16 / 247, minilm->e5 15 / 324,
+#: minilm->paraphrase-L3 22 / 456 on 50 / 1,000 pairs
+PAIRED_Z = 6.0
+#: alignability (beyond chance) from which two probes' neighbourhoods count as the same
+SAME_SPACE = 0.99
+
+
+def overlap_z(raw_overlap: float, p: int, k: int = 10) -> float:
+    """How many standard errors the mean kNN@k overlap ``raw_overlap`` of ``p`` paired rows lies above chance.
+
+    Unpaired, each row's overlap count is hypergeometric (its ``k`` neighbours among the ``N = p - 1`` others
+    against another ``k`` of them): mean ``k² / N``, variance ``k (k / N) (1 - k / N) (N - k) / (N - 1)``; the mean
+    share over ``p`` rows has standard error ``sqrt(var / p) / k`` (rows taken as independent)."""
+    n = p - 1
+    mean = k / n
+    var = k * (k / n) * (1.0 - k / n) * (n - k) / max(n - 1, 1)
+    se = np.sqrt(var / p) / k
+    return float((raw_overlap - mean) / se) if se > 0 else float("inf")
+
+
+def check_pairs_beyond_chance(raw_overlap: float, p: int, names: tuple[str, str], k: int = 10) -> None:
+    """Refuse a probe whose kNN@k overlap is within :data:`PAIRED_Z` standard errors of chance: its row ``i`` of
+    each side does not look like one text (a plan of it forecast ~0 at every K and recommended re-embedding every
+    row; ``fit`` on the same pairs flags the map UNRELIABLE)."""
+    z = overlap_z(raw_overlap, p, k)
+    if z < PAIRED_Z:
+        chance = k / (p - 1)
+        raise DegenerateInputError(
+            f"the probe's pairs look unpaired: the kNN@{k} overlap of {names[0]} and {names[1]} on {p} pairs is "
+            f"{raw_overlap:.4f}, where rows in no relation give {chance:.4f} (alignability "
+            f"{(raw_overlap - chance) / (1 - chance):.3f}, {z:.1f} standard errors above chance, under {PAIRED_Z:g}), "
+            f"so row i of one does not look like the same text as row i of the other. Check that both hold the same "
+            f"texts in the same order (the same rows of each file); if they do, the two models share no structure "
+            f"a map could learn. A fit on these pairs would be flagged unreliable (its top-1 could be chance)")
+
+
+def check_curve_informative(curve: dict, n_heldout: int, top: int, dim: int, p: int) -> None:
+    """Refuse a learning curve that averages less than one held-out hit per fit over all its points: a 50-pair
+    WordNet minilm->e5 probe measured 0 at every point on a 40,960-row corpus and a stray hit or two among 25
+    held-out pairs on smaller ones (0.02 on average), where 1,000 pairs measured 0.29 at K = 100. Such a curve
+    carries no forecast, and the plan recommended re-embedding every row from it."""
+    points = [q["mean"] for qs in curve.values() for q in qs]
+    mean = float(np.mean(points))
+    if mean >= 1.0 / n_heldout:
+        return
+    need = max(200, 2 * dim)
+    why = (f"its maps of up to {top} pairs, fewer than the old space's {dim} dimensions, are underdetermined"
+           if top < dim else f"its maps of up to {top} pairs found almost no held-out row's neighbours")
+    raise TooFewRowsError(
+        f"the probe is too small to forecast: its learning curve averages {mean:.3f} over its {len(points)} points "
+        f"(at most {max(points):.3f}), less than one hit per fit among its {n_heldout} held-out pairs (K up to "
+        f"{top}): {why}, so the curve says nothing of any K and no K is recommended. Give a probe of at least "
+        f"{need} pairs (the plan fits its maps on half of them; {p} given)")
+
+
+def short_of_target(predicted: list[dict], read, target: float, n_old: int, kept_rows: str,
+                    old_r10: float | None) -> tuple[dict, str]:
+    """When no K that migrates reaches ``target`` (``read(q)``: the forecast a K is judged by): the best of them
+    (the highest forecast, the smallest K among equals) and the note that sets the choices side by side."""
+    best = max(predicted, key=lambda q: (round(read(q)["retention"], 3), -q["k"]))
+    f = read(best)
+    stay = (f"; or keep the old model: nothing to re-embed (its R@10 of your queries over the corpus: {old_r10:.3f})"
+            if old_r10 is not None else "; or keep the old model: nothing to re-embed, and none of the new model's "
+            "gains")
+    return best, (f"no K that migrates is predicted to reach retention {target:g}{kept_rows}: the best, K = "
+                  f"{best['k']:,} ({best['k'] / n_old:.0%} of the corpus), is forecast {f['retention']:.3f} "
+                  f"[{f['low']:.3f}, {f['high']:.3f}]. The choices, by cost: re-embed every row ({n_old:,}; the "
+                  f"recommendation: the only one predicted to reach {target:g}); migrate with K = {best['k']:,} and "
+                  f"accept about {f['retention']:.2f}{stay}")
+
+
+def same_up_to_rotation(alignability: float, d_src: int, d_tgt: int) -> str | None:
+    """The note for a probe whose two sides order every neighbourhood alike (identical or rotated spaces)."""
+    if alignability < SAME_SPACE:
+        return None
+    if d_src == d_tgt:
+        return (f"alignability {alignability:.3f}: the two spaces order every neighbourhood alike, as the same space "
+                f"up to a rotation does (or the same model): an orthogonal map from at least {d_src} pairs (method "
+                f"procrustes, one per dimension) or an unsupervised one recovers it; the curve's smaller K say only "
+                f"that fewer pairs than dimensions underdetermine it")
+    return (f"alignability {alignability:.3f}: the two spaces order every neighbourhood alike ({d_src}-d and "
+            f"{d_tgt}-d): a linear map from at least {d_src} pairs should recover the relation")

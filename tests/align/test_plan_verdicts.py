@@ -1,0 +1,73 @@
+"""What the plan recommends when its probe cannot support a recommendation (QA of the migration walk-through, WordNet
+MiniLM->e5): no K that migrates reaching the target recommended the largest K anyway (kept forecast 0.767 for a
+target of 0.95, "method auto, K = 10000"); a probe with its rows shuffled read "alignability 0.002 < 0.4 ... use
+pairs" to a user using pairs; a 50-pair probe, every curve point 0, still recommended re-embedding every row; a
+rotated probe said nothing of being the same space."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import align
+from align.exceptions import DegenerateInputError, TooFewRowsError
+
+
+@pytest.fixture(scope="module")
+def wn(wordnet):
+    """minilm (old) and e5 (new) rows 0:3,600 of the WordNet set, float32: 0:3,000 the corpus, 3,000:3,600 the probe."""
+    return wordnet["minilm"][:3600].astype(np.float32), wordnet["e5"][:3600].astype(np.float32)
+
+
+def test_no_migrating_k_reaching_the_target_recommends_every_row_and_sets_the_choices_side_by_side(wn):
+    S, T = wn
+    res = align.plan_migration(S[:3000], S[3000:], T[3000:], target_ks=(100, 300, 1000), keep=True,
+                               target_retention=0.95, select_rows=True)
+    best = max(res["predicted"], key=lambda q: q["kept"]["retention"])
+    assert best["kept"]["retention"] < 0.95, res["predicted"]  # the premise: no K of the grid reaches it
+    rec = res["recommended"]
+    assert rec["whole_corpus"] and rec["k"] == 3000 and rec["migration_reaches_target"] is False, rec
+    assert rec["best_migrating"]["k"] == best["k"], rec
+    assert rec["best_migrating"]["retention"] == pytest.approx(best["kept"]["retention"]), rec
+    assert sorted(res["rows_to_embed"]) == list(range(3000))  # every row, each once
+    note = next(n for n in res["notes"] if n.startswith("no K that migrates"))
+    assert f"K = {best['k']:,}" in note and f"{best['kept']['retention']:.3f}" in note, note
+    assert "re-embed every row (3,000" in note and "keep the old model" in note, note
+
+
+def test_a_k_that_reaches_the_target_is_still_the_smallest_one(wn):
+    S, T = wn
+    res = align.plan_migration(S[:3000], S[3000:], T[3000:], target_ks=(100, 300, 1000), target_retention=0.05,
+                               select_rows=False)
+    reach = [q["k"] for q in res["predicted"] if q["retention"] >= 0.05]
+    assert res["recommended"]["k"] == min(reach) and res["recommended"]["migration_reaches_target"] is True
+    assert "best_migrating" not in res["recommended"]
+
+
+def test_a_probe_whose_rows_are_shuffled_is_refused_as_unpaired(wn):
+    S, T = wn
+    shuffled = np.random.default_rng(0).permutation(600)
+    with pytest.raises(DegenerateInputError, match="look unpaired") as err:
+        align.plan_migration(S[:3000], S[3000:], T[3000:][shuffled], select_rows=False,
+                             names=("--old", "--probe-source", "--probe-target"))
+    assert "--probe-source and --probe-target" in str(err.value) and "same order" in str(err.value)
+    # the same rows paired are planned (the check is of the pairing, not of the texts)
+    assert align.plan_migration(S[:3000], S[3000:], T[3000:], select_rows=False)["alignability"] > 0.2
+
+
+def test_a_probe_too_small_for_its_curve_to_find_anything_is_refused_with_the_size_that_would_do(wn):
+    S, T = wn
+    with pytest.raises(TooFewRowsError, match="too small to forecast") as err:
+        align.plan_migration(S[:3000], S[3000:3050], T[3000:3050], select_rows=False)
+    assert f"at least {2 * S.shape[1]} pairs" in str(err.value) and "no K is recommended" in str(err.value)
+
+
+def test_a_rotated_probe_is_said_to_be_the_same_space_up_to_a_rotation():
+    rng = np.random.default_rng(3)
+    X = rng.normal(size=(2000, 16))
+    rot = np.linalg.qr(rng.normal(size=(16, 16)))[0]
+    res = align.plan_migration(X, X[:400], X[:400] @ rot, select_rows=False)
+    assert res["alignability"] > 0.99
+    assert any("same space up to a rotation" in n for n in res["notes"]), res["notes"]
+    noisy = align.plan_migration(X, X[:400], X[:400] @ rot + 0.5 * rng.normal(size=(400, 16)), select_rows=False)
+    assert not any("up to a rotation" in n for n in noisy["notes"]), noisy["notes"]
