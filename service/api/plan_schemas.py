@@ -51,6 +51,12 @@ class Recommendation(_Open):
     forecast: Literal["retention", "kept"] = Field(
         ..., description="The forecast the recommendation read: `retention` (every row mapped), or with `keep` "
                          "`kept` (the re-embedded rows keep their own vectors).")
+    migration_reaches_target: bool = Field(
+        True, description="False when no K that migrates is predicted to reach `target_retention`: the "
+                          "recommendation is then the whole corpus (`whole_corpus`), re-embedded.")
+    best_migrating: dict[str, Any] | None = Field(
+        None, description="When no K that migrates reaches the target: the best one (`k`, `method`, and the "
+                          "forecast read, `retention`, `low`, `high`), the alternative to re-embedding every row.")
 
 
 class PlanResponse(_Open):

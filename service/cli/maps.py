@@ -470,8 +470,13 @@ def plan_cmd(obj: Ctx, old, old_rows, probe_source, probe_target, probe_rows, ta
                      f"{nat['new_corpus_estimate']:.3f} over the corpus (estimated); old model {nat['old_probe']:.3f}"
                      f" -> {nat['old_corpus']:.3f} (measured: keeping it); migrated at K = {last['k']}: "
                      + (f"~{last['kept']['r10']:.3f} (rows kept)" if keep else f"~{last['r10']:.3f}"))
-    lines.append(f"recommended: method {rec['method']}, K = {rec['k']} rows to re-embed"
+    best = rec.get("best_migrating")  # none that migrates reaches the target: say so on the line, not only a note
+    lines.append((f"recommended: re-embed every row (K = {rec['k']}, the whole corpus) instead of migrating"
+                  if rec["whole_corpus"] else f"recommended: method {rec['method']}, K = {rec['k']} rows to re-embed")
                  + (" (read from the rows kept forecast: --keep)" if rec["forecast"] == "kept" else "")
+                 + (f"; no K that migrates is predicted to reach {res['target_retention']:g}: the best, K = "
+                    f"{best['k']}, {best['retention']:.3f} [{best['low']:.3f}, {best['high']:.3f}] (see the notes)"
+                    if best else "")
                  + (f" (written to {res['rows_out']})" if rows_out and rows_k is None else "")
                  + (f"; the forecast is of {rec['forecast_method']}, not of auto (see the notes)"
                     if rec["method"] != rec["forecast_method"] and not rec["whole_corpus"] else ""))

@@ -688,3 +688,40 @@ def test_eval_plan_and_readme_say_their_nn_retention_differ(capsys):
     readme = " ".join((Path(__file__).resolve().parents[2] / "README.md").read_text().split())
     assert "The two compute it differently, so their figures do not compare: `eval`" in readme
     assert "stays in the top 10 of the mapped old rows. It knows nothing" not in readme
+
+
+def test_plan_short_of_its_target_says_so_on_the_recommended_line_and_refuses_unpaired_rows(capsys, tmp_path):
+    """QA of the migration walk-through: with no K that migrates reaching --target-retention the plan recommended
+    "method auto, K = 10000" (kept forecast 0.767 for 0.95) with one note; and a probe with its rows shuffled got a
+    plan ("alignability 0.002 < 0.4 ... use pairs") instead of a word about the row order. The line says re-embed
+    every row, with the best migrating K and its forecast; --json and POST /v1/plans carry both; unpaired rows exit
+    2 (422 over HTTP)."""
+    X, Y = _pairs(noise=3.0)
+    write_vectors(tmp_path / "old.npy", X)
+    write_vectors(tmp_path / "new.npy", Y)
+    write_vectors(tmp_path / "shuffled.npy", Y[np.random.default_rng(0).permutation(len(Y))])
+    args = ["--data-dir", tmp_path / "var", "plan", "--old", tmp_path / "old.npy", "--probe-source",
+            tmp_path / "old.npy", "--probe-rows", "0:300", "--target-retention", "0.99", "--keep"]
+    code, out, err = run(capsys, *args, "--probe-target", tmp_path / "new.npy", "--json")
+    assert code == 0, err
+    rec = json.loads(out)["recommended"]
+    assert rec["whole_corpus"] and rec["k"] == len(X) and rec["migration_reaches_target"] is False, rec
+    best = rec["best_migrating"]
+    assert best["retention"] < 0.99
+    code, out, err = run(capsys, *args, "--probe-target", tmp_path / "new.npy")
+    assert code == 0, err
+    assert (f"recommended: re-embed every row (K = {len(X)}, the whole corpus) instead of migrating (read from the "
+            f"rows kept forecast: --keep); no K that migrates is predicted to reach 0.99: the best, K = {best['k']}, "
+            f"{best['retention']:.3f}") in out, out
+    code, out, err = run(capsys, *args, "--probe-target", tmp_path / "shuffled.npy")
+    assert code == 2 and "look unpaired" in err and "--probe-source and --probe-target" in err, (out, err)
+    with TestClient(create_app(settings_for(tmp_path / "api"))) as c:
+        r = c.post("/v1/plans", json={"old": _b64(X), "probe_source": _b64(X[:300]), "probe_target": _b64(Y[:300]),
+                                      "target_retention": 0.99, "keep": True}, headers=R)
+        assert r.status_code == 200, r.text
+        assert r.json()["recommended"]["migration_reaches_target"] is False, r.json()["recommended"]
+        assert r.json()["recommended"]["best_migrating"]["k"] < len(X)
+        r = c.post("/v1/plans", json={"old": _b64(X), "probe_source": _b64(X[:300]),
+                                      "probe_target": _b64(Y[np.random.default_rng(0).permutation(300)]),
+                                      "keep": True}, headers=R)
+        assert r.status_code == 422 and "look unpaired" in r.text, r.text

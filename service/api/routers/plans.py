@@ -40,7 +40,10 @@ migration that keeps its K re-embedded rows' own vectors, `share + (1 - share) x
 size of `old`),
 `recommended` (`method` and K, at most the size of `old`: the smallest K whose `retention` reaches
 `target_retention`, or with `keep` its `kept` forecast, for a migration that keeps the rows it re-embedded, never a
-larger K; `forecast` says which it read; `whole_corpus`: no smaller K is predicted to do, re-embed it all;
+larger K; `forecast` says which it read; `whole_corpus`: no smaller K is predicted to do, re-embed it all,
+and when no K that migrates reaches the target `migration_reaches_target` is false and `best_migrating` holds
+the best K with its forecast, the notes setting re-embedding it all, migrating at that K and keeping the old
+model side by side;
 `forecast_method`: the method the forecast is of, a closed-form one, where from K = 1,000 `method` is `auto`, which
 may fit a contrastive or cluster map: a note says the interval is then a floor for what `auto` fits, which
 usually measures above it, not a prediction of it), `rows_to_embed` (k-means++ coverage rows of `old` for that K;
@@ -52,6 +55,9 @@ measured over the corpus, i.e. what keeping it gives) and `r10` per K (the migra
 says when keeping the old model is predicted to do as well. When their measured retention exceeds 1 (the native
 estimate is too low, or the map beats the new model) the plan is the one without them, with their `labelled` curve
 and `native` R@10 and a note why.
+Refused (422) rather than planned: a probe whose pairs look unpaired (its kNN@10 overlap at chance, e.g. one side's
+rows shuffled) and one too small for its learning curve to find anything (under one held-out hit per fit); the
+message says which, and how many pairs would do.
 Synchronous (at most `max_heavy_requests` plans and evaluations at once; more: 429 with Retry-After):
 seconds for a probe of 1,000 pairs and an old corpus of 40,000 rows (~40 s with labelled
 queries, which map and search the whole corpus per curve point). Each side is `vectors` or
