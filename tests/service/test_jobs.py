@@ -300,9 +300,9 @@ def test_http_fit_of_a_paired_method_reads_the_rows_as_pairs_by_default(tmp_path
 
 
 def test_http_fit_of_paired_rows_needs_a_method_as_the_cli(tmp_path):
-    """`"paired": true` with no method queued a minivec2vec fit, which the pairs only judged: the job succeeded with
-    an UNRELIABLE version and no word of why. The CLI requires --method; HTTP refuses the body now (nothing queued),
-    and an unpaired body without a method is still the documented minivec2vec."""
+    """`"paired": true` with no method queued a minivec2vec fit, which the pairs only judged (an UNRELIABLE version).
+    The CLI requires --method; HTTP refuses the body now (nothing queued). An unpaired body without a method is still
+    the documented minivec2vec, and so is a paired one with seed pairs (they seed it); an empty method is unknown."""
     app = create_app(settings_for(tmp_path))
     with TestClient(app) as c:
         X, Y, _ = planted(400)
@@ -312,7 +312,12 @@ def test_http_fit_of_paired_rows_needs_a_method_as_the_cli(tmp_path):
             r = c.post("/v1/fits", headers=W, json={**body, **method})
             assert r.status_code == 422, r.text
             assert "needs a method" in r.json()["error"]["message"] and "procrustes" in r.json()["error"]["message"]
+        r = c.post("/v1/fits", headers=W, json={**body, "method": ""})
+        assert r.status_code == 422 and "unknown method ''" in r.json()["error"]["message"], r.text
         assert c.get("/v1/jobs", headers=R).json()["data"] == []  # refused: no job
+        r = c.post("/v1/fits", headers=W, json={**body, "seed_pairs": [[i, i] for i in range(20)]})
+        assert r.status_code == 202 and "(minivec2vec)" in r.json()["description"], r.text
+        wait(http_job(c, R), r.json()["id"])
         r = c.post("/v1/fits", headers=W, json={**body, "paired": None})  # unpaired by default: minivec2vec
         assert r.status_code == 202, r.text
         assert r.json()["kind"] == "fit" and "(minivec2vec)" in r.json()["description"], r.json()

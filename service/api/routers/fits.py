@@ -87,14 +87,14 @@ def _check_seed_pairs(pairs, n_src: int, n_tgt: int) -> None:
             raise InputError(f"seed_pairs: [{i}, {j}] is out of range (source rows {n_src}, target rows {n_tgt})")
 
 
-def _method(method: str | None, paired: bool | None) -> str:
-    """The fit's method: as given, else minivec2vec, the documented default, for rows not declared paired. Paired
-    rows with no method are refused (the CLI requires --method): minivec2vec never fits from pairs, and a body with
-    `"paired": true` and no method queued an unsupervised fit that the pairs only judged (UNRELIABLE, no word)."""
-    if method is None and paired:
+def _method(method: str | None, paired: bool | None, seeded: bool) -> str:
+    """The fit's method: as given (an empty one is an unknown method, refused later), else minivec2vec, the
+    documented default. Paired rows with no method and no seed pairs are refused (the CLI requires --method):
+    minivec2vec never fits from the pairs, which would only judge its map; with seed pairs it is seeded by them."""
+    if method is None and paired and not seeded:
         raise InputError(f"\"paired\": true needs a method: one of {', '.join(map_ops.SUPERVISED)} fits from the "
                          f"pairs (minivec2vec, the default for unpaired sets, would fit without them)")
-    return method or "minivec2vec"
+    return "minivec2vec" if method is None else method
 
 
 @job_route(router, "/fits", kind="fit", summary="Queue a fit job", description=FIT_DOC, body_model=FitRequest,
@@ -103,7 +103,7 @@ def create_fit(body: bytes, request, state, settings):
     obj = parse_json(body)
     given = [k for k in UNPAIRED if obj.get(k) is not None]  # vectors are read below, not by the model (slow)
     opts = validate(FitRequest, {**obj, "source": {}, "target": {}, **{k: {} for k in given}})
-    method = _method(opts.method, opts.paired)
+    method = _method(opts.method, opts.paired, bool(opts.seed_pairs))
     paired = opts.paired if opts.paired is not None else method in map_ops.SUPERVISED  # as the CLI decides
     map_ops.check_fit_request(state.registry, name=opts.name, method=method, paired=paired,
                               source_space=opts.source_space, target_space=opts.target_space, alias=opts.alias,
