@@ -347,11 +347,6 @@ class JobStore:
                 _log.warning("job records not trimmed", extra={"fields": {"error": repr(exc)}})
         return None
 
-    def discard(self, job_id: str) -> None:
-        """Delete a record this process wrote for a job it then refused (a shutdown came meanwhile): it never ran."""
-        with self._tx() as c:
-            c.execute("DELETE FROM jobs WHERE id = ? AND owner = ?", (job_id, self.claim_owner()))
-
     def by_key(self, key: str) -> Job | None:
         """The job an idempotency key created, or None."""
         with self._busy():

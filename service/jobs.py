@@ -328,9 +328,9 @@ class JobManager:
                 future.add_done_callback(lambda f: self._futures.pop(f, None))
             elif first is not None and first.request_hash == request_hash:
                 return self._jobs.get(first.id, first), False
-        if closed:  # a shutdown came while its record was written: it never runs, so it is no job (before, the pool
-            # refused it with a RuntimeError and the store kept it "queued" until a restart: a phantom in /v1/jobs)
-            self._discard(job)
+        if closed:  # a shutdown came while its record was written: it never runs (before, the pool refused it with a
+            # RuntimeError and the store kept it "queued" until a restart: a phantom in /v1/jobs)
+            self._end_refused(job)
             self._refuse_if_closed()
         if first is not None:
             raise IdempotencyConflictError(
@@ -343,13 +343,17 @@ class JobManager:
             raise ServiceStoppingError("the job service is shutting down and takes no more jobs; submit it again "
                                        "once the service is back (to another replica meanwhile)")
 
-    def _discard(self, job: Job) -> None:
-        """Delete the record of a job refused after it was written (it never ran, nobody was told its id)."""
-        if self.store is not None:
-            try:
-                self.store.discard(job.id)
-            except Exception as exc:  # noqa: BLE001 - the next start's recovery marks it interrupted
-                _log.warning("job record not discarded", extra={"fields": {"job_id": job.id, "error": repr(exc)}})
+    def _end_refused(self, job: Job) -> None:
+        """Record a job refused after its record was written (a shutdown came meanwhile) interrupted before it
+        started, as the shutdown records its queued jobs, unless another process ended it first (a cancel). Its
+        record was deleted: a sibling process (``--workers N``) that had already answered its id to a same-key retry
+        then answered 404 for it, a job its client was told was queued; every id handed out has an outcome now. Its
+        Idempotency-Key is let go, as the deletion did: the refusal says to submit again, and a resubmission with the
+        key starts a new job (not a replay of this one)."""
+        with self._lock:
+            self._interrupt(job)
+            job.idempotency_key = None
+        self._persist(job, was="queued")
 
     def cancel(self, job_id: str) -> Job:
         """Ask a job to stop: a queued job is cancelled at once, a running one at its next progress call.
@@ -434,7 +438,8 @@ class JobManager:
     def _interrupt(self, job: Job) -> None:
         """Record ``job`` interrupted by this process's shutdown (no cancel: see :meth:`shutdown`). Under the lock."""
         job.error = interrupted(job)
-        self._stopped_in[job.id] = job.stage  # its own, should it end on its own after all
+        if job.started_at is not None:  # its own stage, should it end on its own after all
+            self._stopped_in[job.id] = job.stage
         job.state, job.stage, job.finished_at = "failed", "interrupted", job.now()
 
     # --- internals --------------------------------------------------------------------------

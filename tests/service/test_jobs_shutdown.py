@@ -101,7 +101,8 @@ def test_a_shutdown_that_waits_records_what_one_that_does_not_records(tmp_path, 
 def test_a_submit_that_races_a_shutdown_leaves_no_queued_job_behind(tmp_path):
     """A submit whose record was being written when the shutdown came was refused (a RuntimeError from the stopped
     pool, a 500) but its record stayed "queued" in the store until a restart: a job nobody would run, listed
-    queued. It is refused with ServiceStoppingError (503) and leaves no record; a submit after the shutdown too."""
+    queued. It is refused with ServiceStoppingError (503) and its record says it ended, interrupted before it
+    started; a submit after the shutdown is refused before it writes one."""
 
     class GatedStore(JobStore):  # the submit's insert waits until the shutdown has happened
         entered, gate = threading.Event(), threading.Event()
@@ -132,9 +133,58 @@ def test_a_submit_that_races_a_shutdown_leaves_no_queued_job_behind(tmp_path):
     with pytest.raises(ServiceStoppingError):
         mgr.submit(lambda ctx: {}, kind="fit")
     after_restart = JobManager(store=JobStore(db))
-    after_restart.open()
-    assert mgr.list() == [] and JobStore(db).list() == [] and after_restart.list() == []
+    assert after_restart.open() == 0  # nothing left queued to recover
+    for jobs in (mgr.list(), JobStore(db).list(), after_restart.list()):
+        assert [(j.state, j.stage, j.error["message"].split(":")[0]) for j in jobs] == [
+            ("failed", "interrupted", "interrupted before it started")], jobs
     after_restart.shutdown(wait=True)
+
+
+def test_a_submit_refused_by_a_shutdown_leaves_an_outcome_for_the_id_a_sibling_answered(tmp_path):
+    """Two processes on one data dir (``serve --workers 2``): a submit's record is written, its client retries with
+    the same Idempotency-Key on the sibling, which answers that job (queued), then the first process shuts down
+    and refuses the submit. The refused job's record was deleted: the id the client held answered 404. It now
+    reads as ended, interrupted before it started, in every process."""
+
+    class Gated(JobStore):  # the submit's record is written, then its submit is slow to go on
+        inserted, gate = threading.Event(), threading.Event()
+
+        def insert(self, job):
+            first = super().insert(job)
+            self.inserted.set()
+            assert self.gate.wait(30)
+            return first
+
+    db = tmp_path / "jobs.sqlite"
+    first_process, sibling = JobManager(store=Gated(db)), JobManager(store=JobStore(db))
+    first_process.open()
+    sibling.open()
+    outcome = []
+
+    def submit():
+        try:
+            outcome.append(first_process.submit(lambda ctx: {}, kind="fit", idempotency_key="K", request_hash="h"))
+        except Exception as exc:  # noqa: BLE001 - what the submit raised is the finding
+            outcome.append(exc)
+
+    racer = threading.Thread(target=submit)
+    racer.start()
+    assert Gated.inserted.wait(10)
+    replayed, created = sibling.submit(lambda ctx: {}, kind="fit", idempotency_key="K", request_hash="h")
+    assert (replayed.state, created) == ("queued", False)
+    first_process.shutdown(wait=False)
+    Gated.gate.set()
+    racer.join(30)
+    assert len(outcome) == 1 and isinstance(outcome[0], ServiceStoppingError), outcome
+    for mgr in (sibling, first_process):
+        got = mgr.get(replayed.id)
+        assert (got.state, got.stage, got.error["type"]) == ("failed", "interrupted", "Interrupted"), got
+        assert got.error["message"].startswith("interrupted before it started"), got.error
+        assert [j.state for j in mgr.list()] == ["failed"]
+    again, created = sibling.submit(lambda ctx: {"again": True}, kind="fit", idempotency_key="K", request_hash="h")
+    assert created and again.id != replayed.id  # the refused client's resubmission (as told) is a new job
+    assert _until(lambda: (j := sibling.get(again.id)).state == "succeeded" and j).result == {"again": True}
+    sibling.shutdown(wait=True)
 
 
 def test_a_fit_submitted_over_http_after_the_job_service_shut_down_is_a_503_and_no_job(tmp_path):
@@ -149,4 +199,5 @@ def test_a_fit_submitted_over_http_after_the_job_service_shut_down_is_a_503_and_
                                                 "method": "procrustes", "paired": True})
         assert r.status_code == 503 and r.json()["error"]["type"] == "ServiceStoppingError", r.text
         assert c.get("/v1/jobs", headers=R).json()["data"] == []
+
 
