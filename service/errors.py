@@ -132,9 +132,11 @@ class NotConfiguredError(ServiceUnavailableError):
 
 
 class ServiceStoppingError(ServiceUnavailableError):
-    """The server is stopping (SIGTERM) and cancelled a request still open ``shutdown_timeout_s`` after the signal
-    (a stalled upload, a long plan): HTTP 503 with ``Retry-After``. It may have been applied: an idempotent request
-    may be sent again, to another replica or to this service once it is back."""
+    """The server is stopping (SIGTERM): HTTP 503 with ``Retry-After``. Either it cancelled a request still open
+    ``shutdown_timeout_s`` after the signal (a stalled upload, a long plan), which may have been applied, so only an
+    idempotent one may be sent again; or its job service refused a job submit, which started nothing (any record
+    the submit wrote says the job was interrupted before it started, its Idempotency-Key let go), so it may be sent
+    again as it was. Either way to another replica, or to this service once it is back."""
 
 
 #: kind -> HTTP status (``io`` is decided by :func:`service.storage.is_storage_error`: 503 or 500).
