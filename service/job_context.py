@@ -68,6 +68,7 @@ class JobContext:
             raise Cancelled(f"job {self._job.id} cancelled during {stage}")
 
     def _close_stage(self) -> None:
-        with self._lock:
-            st = self._job.stage
-            self._job.stage_seconds[st] = self._job.stage_seconds.get(st, 0.0) + time.monotonic() - self._stage_started
+        """Add the current stage's seconds to the record; the caller holds the lock (it writes the job's end in the
+        same hold: :meth:`service.jobs.JobManager._end`)."""
+        st = self._job.stage
+        self._job.stage_seconds[st] = self._job.stage_seconds.get(st, 0.0) + time.monotonic() - self._stage_started

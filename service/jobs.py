@@ -475,17 +475,10 @@ class JobManager:
             result = run_waking(ctx.wake, lambda: fn(ctx))  # a registry wait (pause) wakes on a cancel at once
         except BaseException as exc:  # noqa: BLE001 - a job must never kill its worker
             self._wakes.pop(job.id, None)
-            if not self._own_end(job, exc):
+            if not self._end(job, ctx, exc):
                 self._persist(job)  # again: a progress write of this thread may have landed after the shutdown's
                 self._count(job.state)
                 return
-            ctx._close_stage()
-            with self._lock:
-                job.finished_at = job.now()
-                job.state, job.error, release = failure(job, exc)
-                if release:
-                    self._idem.pop(job.idempotency_key, None)
-                    job.idempotency_key = None
             self._persist(job)
             if job.state == "failed":
                 _log.warning("job failed", extra={"fields": {  # which map or steer, asked by which request: the
@@ -495,33 +488,36 @@ class JobManager:
             self._count(job.state)
             return
         self._wakes.pop(job.id, None)
-        self._own_end(job, None)
-        ctx._close_stage()
-        with self._lock:
-            job.finished_at = job.now()
-            job.state = "succeeded"
-            job.stage = "done"
-            job.fraction = 1.0
-            job.result = result or {}
+        self._end(job, ctx, None, result)
         self._persist(job)
         _log.info("job succeeded", extra={"fields": {"job_id": job.id, "kind": job.kind, "what": job.description,
                                                      "request_id": self._requests.get(job.id),
                                                      "seconds": round(job.finished_at - job.started_at, 3)}})
         self._count("succeeded")
 
-    def _own_end(self, job: Job, exc: BaseException | None) -> bool:
-        """Whether ``job``, ended by ``exc`` (None: it returned), writes its own end: not when a shutdown recorded it
-        interrupted and it stopped at that (Cancelled, no cancel asked). A real end replaces that provisional record,
-        the stage the shutdown took given back: before, a job that then failed on its own error still read
-        "interrupted" without its error, and one that succeeded kept the interruption's error beside its result."""
+    def _end(self, job: Job, ctx: JobContext, exc: BaseException | None, result: dict | None = None) -> bool:
+        """Record how ``job`` ended (``exc``; None: it returned ``result``), the decision and the record in one hold
+        of the lock; whether it wrote its end: not when a shutdown recorded it interrupted and it stopped at that
+        (Cancelled, no cancel asked). A real end replaces that provisional record, the stage the shutdown took given
+        back: before, a job that then failed on its own error still read "interrupted" without its error, and one
+        that succeeded kept the interruption's error beside its result. (The stage given back and the error cleared
+        in one hold, the end written in the next, a reader in between read "failed" with no error.)"""
         with self._lock:
             stage = self._stopped_in.pop(job.id, None)
-            if stage is None:
+            if stage is not None:
+                if isinstance(exc, Cancelled) and not job.cancel_requested:
+                    return False
+                job.stage, job.error = stage, None
+            ctx._close_stage()
+            job.finished_at = job.now()
+            if exc is None:
+                job.state, job.stage, job.fraction, job.result = "succeeded", "done", 1.0, result or {}
                 return True
-            if isinstance(exc, Cancelled) and not job.cancel_requested:
-                return False
-            job.stage, job.error = stage, None
-            return True
+            job.state, job.error, release = failure(job, exc)
+            if release:
+                self._idem.pop(job.idempotency_key, None)
+                job.idempotency_key = None
+        return True
 
     def _adopt_cancels(self, jobs: list[Job] | None = None) -> None:
         """Jobs of this process still queued here (``jobs``, else all) whose stored record another process made

@@ -16,7 +16,7 @@ from fastapi.testclient import TestClient
 
 from service.api import create_app
 from service.errors import ServiceStoppingError
-from service.jobs import JobManager, JobStore
+from service.jobs import INTERRUPTED, JobManager, JobStore
 
 
 def _until(check, timeout: float = 30.0):
@@ -201,3 +201,56 @@ def test_a_fit_submitted_over_http_after_the_job_service_shut_down_is_a_503_and_
         assert c.get("/v1/jobs", headers=R).json()["data"] == []
 
 
+
+class _WatchedLock:
+    """The manager's lock, with a look at a job's record each time it is let go: what any other thread (a GET, a
+    store write) can read. A real lock; only the look is added."""
+
+    def __init__(self):
+        self._lock, self.job, self.seen = threading.Lock(), None, []
+
+    def acquire(self, *args, **kwargs):
+        return self._lock.acquire(*args, **kwargs)
+
+    def release(self):
+        if self.job is not None:
+            self.seen.append((self.job.state, self.job.stage, self.job.error))
+        self._lock.release()
+
+    __enter__ = acquire
+
+    def __exit__(self, *exc):
+        self.release()
+
+
+@pytest.mark.parametrize("end", ["raises", "returns"])
+def test_a_job_ending_after_a_shutdown_never_reads_failed_without_an_error(tmp_path, end):
+    """A job recorded interrupted by a shutdown that then ended on its own: its error was cleared (and its stage
+    given back) in one hold of the lock and its real end written in a later one, so a reader in between (a GET, a
+    record written by another thread) read "failed" with no error. Each state any reader can see is whole now."""
+    db = tmp_path / "jobs.sqlite"
+    mgr = JobManager(workers=1, store=JobStore(db))
+    mgr.open()
+    mgr._lock = watched = _WatchedLock()  # before any job: every context is handed this one
+    reported, release = threading.Event(), threading.Event()
+
+    def deaf(ctx):
+        ctx.progress("fit", 0.4)
+        reported.set()
+        assert release.wait(60)
+        if end == "raises":
+            raise ValueError("the fit's own failure")
+        return {"version": 3}
+
+    job, _ = mgr.submit(deaf, kind="fit")
+    assert reported.wait(10)
+    watched.job = job
+    mgr.shutdown(wait=False)
+    release.set()
+    final = _until(lambda: (j := _stored(db, job.id)).stage != "interrupted" and j)  # its real end, written
+    assert (final.state, final.stage) == (("failed", "fit") if end == "raises" else ("succeeded", "done")), final
+    assert ("failed", "interrupted", INTERRUPTED["type"]) in [(s[0], s[1], (s[2] or {}).get("type"))
+                                                             for s in watched.seen], watched.seen
+    for state, stage, error in watched.seen:
+        assert (error is None) == (state in ("queued", "running", "succeeded")), (state, stage, error)
+    mgr.shutdown(wait=True)
