@@ -27,7 +27,7 @@ from concurrent.futures import Future
 
 from .logging import get_logger
 
-__all__ = ["EXIT_GRACE", "JobPool"]
+__all__ = ["EXIT_GRACE", "JobPool", "join_at_exit"]
 
 #: seconds the interpreter's exit waits, in all, for the job threads of pools that were shut down (read at the exit)
 EXIT_GRACE = 30.0
@@ -105,8 +105,8 @@ class JobPool:
         return [t.name for t in threads if t.is_alive()]
 
 
-def _join_at_exit() -> None:
-    """At the interpreter's exit: the pools never shut down run their work to its end, then the others' threads get
+def join_at_exit() -> None:
+    """At the interpreter's exit (or before an ``os._exit``, which skips ``atexit``): the pools never shut down run their work to its end, then the others' threads get
     :data:`EXIT_GRACE` seconds in all (see the module's docstring)."""
     pools = list(_POOLS)
     for pool in pools:
@@ -119,4 +119,4 @@ def _join_at_exit() -> None:
             "threads": left, "waited_seconds": EXIT_GRACE}})
 
 
-atexit.register(_join_at_exit)
+atexit.register(join_at_exit)

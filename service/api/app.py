@@ -313,7 +313,11 @@ def serve(settings: Settings | None = None, *, workers: int = 1) -> None:
     _log.info("service stopped", extra={"fields": {"signal": stop_signal}})
     if stop_signal is not None:
         # Stopped on request, after the graceful shutdown (requests answered, running jobs recorded interrupted):
-        # end now with status 0, as a worker process ends, without waiting for job threads still computing.
+        # end now with status 0, as a worker process ends, once the job threads had their bounded grace to reach
+        # their next report or end (os._exit skips atexit; a fit mid-registration would be cut as by kill -9).
+        from service.job_pool import join_at_exit
+
+        join_at_exit()
         for h in logging.getLogger("vecbridge").handlers:
             h.flush()
         sys.stdout.flush()

@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
-from _api_support import R
+from _api_support import R, W
 from _servers import ROOT, children, env_for, free_port, seed_registry, start
 
 
@@ -572,3 +572,58 @@ def test_a_new_worker_that_ends_while_starting_ends_the_sighup_restart_and_the_o
     said = f"New child process [{w}] ended while starting (exit code -9); keeping worker ["
     assert len(errors) == 1 and errors[0].startswith(said) and errors[0].endswith("] and aborting the restart."), errors
     assert int(errors[0][len(said):].split("]")[0]) in old, errors
+
+
+# the registry's commit of a fit's version waits for the test's go (a file), given once the service logged its stop
+HELD_REGISTRATION = """
+import os, pathlib, runpy, threading, time
+import service.registry.core as core
+go, stored = pathlib.Path(os.environ["VB_TEST_GO"]), pathlib.Path(os.environ["VB_TEST_STORED"])
+def hook(point):
+    if point == "artifact_stored" and threading.current_thread().name.startswith("vecbridge-job"):
+        stored.touch()
+        deadline = time.monotonic() + 60
+        while not go.exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+core.FAULT_HOOK = hook
+runpy.run_module("service.cli", run_name="__main__", alter_sys=True)
+"""
+
+
+def test_a_single_process_stop_lets_a_fit_inside_its_registration_finish_it(tmp_path):
+    """A SIGTERM to a single-process `serve` while a fit job was inside its registration (artifact stored, the
+    version's row not yet committed): the process ended with ``os._exit(0)`` right after "service stopped", which
+    skips the job threads' exit grace, so the fit was cut as by kill -9 (no version, an orphan artifact). Now the
+    job threads get their bounded grace first, and the version is registered."""
+    data = tmp_path / "data"
+    seed_registry(data)
+    port = free_port()
+    go, stored = tmp_path / "go", tmp_path / "stored"
+    env = {**env_for(data, port), "VB_TEST_GO": str(go), "VB_TEST_STORED": str(stored)}
+    proc = start([sys.executable, "-c", HELD_REGISTRATION, "serve"], env, port, tmp_path / "server.log")
+    try:
+        rng = np.random.default_rng(0)
+        X = rng.standard_normal((64, 8)).astype(np.float32)
+        body = {"name": "held", "source_space": "s1", "target_space": "s2", "method": "procrustes", "paired": True,
+                "source": {"vectors": X.tolist()}, "target": {"vectors": (X[:, ::-1] * 1.0).tolist()}}
+        r = httpx.post(f"http://127.0.0.1:{port}/v1/fits", headers=W, json=body, timeout=30)
+        assert r.status_code == 202, r.text
+        deadline = time.monotonic() + 60
+        while not stored.exists():
+            assert time.monotonic() < deadline and proc.poll() is None, "the fit never stored its artifact"
+            time.sleep(0.02)
+        proc.send_signal(signal.SIGTERM)
+        _wait_for_log(tmp_path, "service stopped")
+        go.touch()
+        assert proc.wait(60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(30)
+    from service.registry import open_registry
+
+    reg = open_registry(f"sqlite:///{(data / 'registry.sqlite').resolve()}", (data / "artifacts").resolve())
+    try:
+        assert [v.version for v in reg.list_versions("held")] == [1]
+    finally:
+        reg.close()
