@@ -14,8 +14,8 @@ from tqdm import tqdm
 
 from align.exceptions import InputError
 
-from ..ops.vectordb import (checkpoint_status, default_checkpoint, kept_by_migration, needs_registry,
-                              progress_record, run_migration, run_verify, stopped_by, verify_verdict)
+from ..ops.vectordb import (check_artifact_folder, checkpoint_status, default_checkpoint, kept_by_migration,
+                              needs_registry, progress_record, run_migration, run_verify, stopped_by, verify_verdict)
 from ..vectordb import MigrationInterrupted
 from ..vectordb.lost import quiet_client_logs
 from . import check_stop
@@ -80,6 +80,7 @@ def migrate(obj: Ctx, store, text_field, vector_field, id_field, source, target,
                           + (f" ({st['resume_note']})" if st["resume_note"] and st["state"] != "running" else ""))
         return
     store = obj.store_url(store)
+    check_artifact_folder(obj.settings.resolved_artifact_dir(), map_ref)  # before the registry opens (makes it)
     quiet_client_logs(store)  # pymilvus logged ~150 lines of tracebacks before the one error line
     progress = _MigrationProgress(f"migrate {source}->{target}", as_json, quiet)
     try:

@@ -35,6 +35,7 @@ from align.exceptions import InputError, VecbridgeError
 
 from ..errors import SIGNAL_WORDS, NotFoundError, exit_code
 from ..registry.db import sqlite_path
+from ..registry.errors import IntegrityError
 from ..urls import safe_url
 from ..vectordb import (
     Checkpoint,
@@ -54,6 +55,7 @@ from ..vectordb.migrate import is_artifact_path
 
 __all__ = [
     "SharedStore",
+    "check_artifact_folder",
     "checkpoint_status",
     "configured_url",
     "default_checkpoint",
@@ -203,9 +205,10 @@ def run_migration(*, store_url: str, source: str, target: str, map_ref, checkpoi
     cancels as a signal does (:meth:`~service.vectordb.base.VectorStore.interrupt`): MigrationInterrupted.
     ``data_dir``, ``registry_url``, ``artifact_dir``: the registry's (the face's settings; ``registry_url`` None:
     the data dir's SQLite file; ``artifact_dir`` None: the data dir's ``artifacts``), recorded with the options a
-    resume must give again (:func:`checkpoint_status`'s ``resume``; folders and a SQLite file made absolute, the
-    registry URL without its password, never the store's URL or key). A refused resume (other options, another keep
-    set) names CLI flags, or the HTTP request's fields when ``space_option`` is one (``source_space``).
+    resume must give again (:func:`checkpoint_status`'s ``resume``; folders and a SQLite file made absolute, the data
+    dir's own artifact folder as None, the registry URL without its password, never the store's URL or key). A
+    refused resume (other options, another keep set) names CLI flags, or the HTTP request's fields when
+    ``space_option`` is one (``source_space``).
     """
     if pause < 0:
         raise InputError(f"pause must be >= 0, got {pause}")
@@ -216,9 +219,7 @@ def run_migration(*, store_url: str, source: str, target: str, map_ref, checkpoi
     ckpt = FileCheckpoint(checkpoint, options={
         "alias": alias, "index": index, "id_field": id_field, "vector_field": vector_field, "text_field": text_field,
         "source_space": source_space, "target_space": target_space,
-        **{k: None if v is None else str(Path(v).expanduser().resolve())
-           for k, v in (("data_dir", data_dir), ("artifact_dir", artifact_dir))},
-        "registry_url": _recorded_registry(registry_url), **keep_files},
+        **_recorded_folders(data_dir, artifact_dir), "registry_url": _recorded_registry(registry_url), **keep_files},
         json_fields=not space_option.startswith("--"))
     store = open_store_for(store_url, index=index or "like", id_field=id_field, vector_field=vector_field,
                            text_field=text_field, api_key=api_key, ca_file=ca_file)
@@ -246,6 +247,10 @@ def run_migration(*, store_url: str, source: str, target: str, map_ref, checkpoi
                            target_space=target_space, should_stop=should_stop, dry_run=dry_run,
                            space_option=space_option, keep_ids=keep_ids, keep_vectors=keep_vectors,
                            keep_words=resume_words(space_option))
+    except IntegrityError as exc:  # the map's file: say which folder was read, and how to name another
+        if type(exc) is not IntegrityError or registry is None or not str(exc).startswith("artifact "):
+            raise
+        raise IntegrityError(f"{exc}; {_artifact_folder_hint(registry, cli=space_option.startswith('--'))}") from None
     except MigrationInterrupted as exc:
         exc.signum = stop.signum  # which signal stopped it: SIGTERM exited 130 as Ctrl-C does, not 143
         raise
@@ -258,6 +263,41 @@ def _engine_defaults(store) -> dict:
     params = inspect.signature(type(store).__init__).parameters
     return {k: params[k].default if k in params else getattr(type(store), k, None)
             for k in ("id_field", "vector_field", "text_field")}
+
+
+#: the data dir's own artifact folder (:meth:`service.config.Settings.resolved_artifact_dir`'s default)
+DEFAULT_ARTIFACTS = "artifacts"
+
+
+def _recorded_folders(data_dir, artifact_dir) -> dict:
+    """``data_dir`` and ``artifact_dir`` as a checkpoint records them (absolute). The data dir's own artifact folder
+    is None (:func:`_artifact_dir_of` reads it so): a release before ``vecbridge --artifact-dir`` refused to resume
+    a checkpoint naming any (replicas of two releases on one data dir during an upgrade)."""
+    data, art = (None if v is None else Path(v).expanduser().resolve() for v in (data_dir, artifact_dir))
+    own = data is not None and art == (data / DEFAULT_ARTIFACTS).resolve()
+    return {"data_dir": data and str(data), "artifact_dir": None if own or art is None else str(art)}
+
+
+def check_artifact_folder(folder, map_ref, *, option: str = "vecbridge --artifact-dir DIR") -> None:
+    """NotFoundError (exit 2) before a migration through the registry ``map_ref`` opens the registry, when its
+    artifact ``folder`` is missing: opening it made an empty one there (a moved folder's old place, by a stopped
+    run's resume command), and the run failed as "artifact 59/59d8... is missing or unreadable", naming no folder."""
+    if folder is None or not needs_registry(map_ref) or Path(folder).is_dir():
+        return
+    raise NotFoundError(f"the artifact folder {Path(folder).resolve()} does not exist, so map {map_ref!r} cannot be "
+                        f"read from it (nothing was created there): name the folder that holds the registry's map "
+                        f"files with {option} or VECBRIDGE_ARTIFACT_DIR (a resume command names the stopped run's; "
+                        "give the new place if it moved)")
+
+
+def _artifact_folder_hint(registry, *, cli: bool) -> str:
+    """Which artifact folder a migration read its map from, and how to name another: a server's as its setting only
+    (clients are not told its paths, as in :mod:`service.registry.elsewhere`)."""
+    root = getattr(getattr(registry, "store", None), "root", None)
+    if not cli or root is None:
+        return "read from the server's artifact folder (its VECBRIDGE_ARTIFACT_DIR or `vecbridge --artifact-dir`)"
+    return (f"read from the artifact folder {root}: name the one that holds the registry's map files with "
+            "`vecbridge --artifact-dir DIR` or VECBRIDGE_ARTIFACT_DIR")
 
 
 def _recorded_registry(url: str | None) -> str | None:
@@ -360,6 +400,16 @@ RESUME_OPTIONS = {"alias": "--alias", "index": "--index", "id_field": "--id-fiel
                   "text_field": "--text-field", "source_space": "--source-space", "target_space": "--target-space"}
 
 
+def _artifact_dir_of(opts: dict) -> str | None:
+    """The artifact folder a run's recorded options say it used: ``artifact_dir``, or its data dir's own folder
+    where the key is there as None (:func:`_recorded_folders`); None when not recorded (a release before it)."""
+    if opts.get("artifact_dir"):
+        return str(opts["artifact_dir"])
+    if "artifact_dir" in opts and opts.get("data_dir"):
+        return str(Path(opts["data_dir"]) / DEFAULT_ARTIFACTS)
+    return None
+
+
 def _resume_command(state: dict, checkpoint) -> str:
     """The ``vecbridge migrate`` command that resumes the migration a checkpoint records (HTTP runs too: the
     CLI resumes their checkpoints), with the options the run recorded; the store is the one it ran on (``STORE``:
@@ -369,7 +419,7 @@ def _resume_command(state: dict, checkpoint) -> str:
     how to give it)."""
     opts = state.get("options") or {}
     words = ["vecbridge", *(["--data-dir", str(opts["data_dir"])] if opts.get("data_dir") else []),
-             *(["--artifact-dir", str(opts["artifact_dir"])] if opts.get("artifact_dir") else []),
+             *(["--artifact-dir", str(_artifact_dir_of(opts))] if _artifact_dir_of(opts) else []),
              *(["--registry-url", str(opts["registry_url"])] if opts.get("registry_url") else []), "migrate",
              "--store", "STORE", "--source", str(state.get("source")), "--target", str(state.get("target")),
              "--map", str(state.get("map") or "MAP"), "--checkpoint", str(checkpoint)]
@@ -411,7 +461,7 @@ def list_checkpoints(data_dir) -> list[dict]:
         try:
             status = checkpoint_status(path)
         except (VecbridgeError, InputError, OSError, ValueError) as exc:  # a damaged file: listed, not a failure
-            status = {"checkpoint": str(path), "error": str(exc)}
+            status = {"checkpoint": str(path.resolve()), "error": str(exc)}
         out.append({"name": path.stem, **status})
     return out
 

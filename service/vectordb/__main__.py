@@ -26,7 +26,13 @@ from pathlib import Path
 
 from ..config import get_settings
 from ..errors import exit_code
-from ..ops.vectordb import checkpoint_status, progress_record, run_migration, stopped_by
+from ..ops.vectordb import (
+    check_artifact_folder,
+    checkpoint_status,
+    progress_record,
+    run_migration,
+    stopped_by,
+)
 from ..registry import open_registry
 from . import MigrationInterrupted
 from .lost import quiet_client_logs
@@ -85,6 +91,7 @@ def main(argv=None) -> int:
         if args.registry:  # no --artifact-dir: the settings' folder, as `vecbridge` reads it (None was a TypeError)
             artifact_dir = (Path(args.artifact_dir).expanduser() if args.artifact_dir
                             else settings.resolved_artifact_dir())
+            check_artifact_folder(artifact_dir, args.map, option="--artifact-dir DIR")  # opening it makes one
             registry = open_registry(args.registry, artifact_dir, path_alias=settings.path_alias)
 
         def progress(p):

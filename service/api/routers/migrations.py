@@ -68,7 +68,8 @@ def create_migration(body: bytes, request, state, settings):
         check_name(opts.alias, "alias")
     v = state.registry.resolve(opts.map)  # 404 for an unknown map; pinned: an alias moving later changes nothing
     ref = f"{v.name}:{v.version}"
-    checkpoint = default_checkpoint(settings.data_dir, opts.source, opts.target)
+    # absolute, as GET /v1/migrations shows it (a relative data dir gave the job's result a relative one)
+    checkpoint = default_checkpoint(settings.data_dir, opts.source, opts.target).resolve()
     keep_ids = keep_vectors = None
     if opts.keep is not None:
         keep_ids, keep_vectors = _keep(obj, opts, state.registry.load_map(ref).target_dim)

@@ -400,3 +400,107 @@ def test_the_resume_command_of_a_run_that_kept_rows_gives_its_keep_files(world, 
     assert rc == 0, out.err
     rep = json.loads(out.out.strip().splitlines()[-1])
     assert rep["rows"] == N and rep["resumed_from"] is not None and rep["kept"] == 3, rep
+
+
+def _stopped_on_own_folder(world, tmp_path) -> tuple[Path, list]:
+    """A run through ``a2b`` whose registry's files are in ``tmp_path/maps`` (``vecbridge --artifact-dir``), stopped
+    after a batch; ``(checkpoint, its printed resume command as argv with the store's URL)``."""
+    world["registry"].close()
+    maps = tmp_path / "maps"
+    (world["data"] / "artifacts").rename(maps)
+    world["registry"] = open_registry(f"sqlite:///{(world['data'] / 'registry.sqlite').resolve()}", maps.resolve())
+    ck = tmp_path / "ck.json"
+    with pytest.raises(MigrationInterrupted):
+        _migrate(world, ck, stop=True, artifact_dir=maps)
+    world["registry"].close()
+    argv = shlex.split(checkpoint_status(ck)["resume"])
+    argv[argv.index("STORE")] = world["url"]
+    return ck, argv
+
+
+def test_a_resume_whose_artifact_folder_moved_names_the_folder_and_creates_none(world, tmp_path, monkeypatch,
+                                                                                  capsys):
+    """A stopped run's artifact folder moved, then its printed resume command run: exit 2, "artifact 59/59d8...
+    safetensors is missing or unreadable", naming neither the folder it read nor how to name another, and an empty
+    folder (with tmp/) made at the old place. The refusal names the folder and --artifact-dir, makes nothing; the
+    command with the new place finishes the run."""
+    from service.cli import main
+
+    monkeypatch.delenv("VECBRIDGE_ARTIFACT_DIR", raising=False)
+    _, argv = _stopped_on_own_folder(world, tmp_path)
+    old = Path(argv[argv.index("--artifact-dir") + 1])
+    old.rename(tmp_path / "moved")
+    assert main([*argv[1:], "--json"]) == 2
+    err = capsys.readouterr().err
+    assert str(old) in err and "--artifact-dir" in err and "VECBRIDGE_ARTIFACT_DIR" in err, err
+    assert not old.exists()  # nothing made at the folder's old place
+    argv[argv.index("--artifact-dir") + 1] = str(tmp_path / "moved")
+    assert main([*argv[1:], "--json"]) == 0, capsys.readouterr().err
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["rows"] == N
+
+
+def test_a_map_file_missing_from_the_artifact_folder_names_the_folder_read(world, tmp_path, monkeypatch, capsys):
+    """The resume given a folder that exists but lacks the map's file (another folder, or one an earlier resume made
+    empty): the error named the file only. It names the folder it read and how to name another."""
+    from service.cli import main
+
+    monkeypatch.delenv("VECBRIDGE_ARTIFACT_DIR", raising=False)
+    _, argv = _stopped_on_own_folder(world, tmp_path)
+    (tmp_path / "empty").mkdir()
+    argv[argv.index("--artifact-dir") + 1] = str(tmp_path / "empty")
+    assert main([*argv[1:], "--json"]) == 2
+    err = capsys.readouterr().err
+    assert "is missing or unreadable" in err and f"artifact folder {(tmp_path / 'empty').resolve()}" in err, err
+    assert "--artifact-dir" in err, err
+
+
+def test_a_run_on_the_data_dirs_own_artifact_folder_records_none_that_an_older_release_would_refuse(
+        world, tmp_path, monkeypatch, capsys):
+    """A checkpoint written by a run on the data dir's own artifact folder recorded it (``artifact_dir``), and a
+    release before ``--artifact-dir`` (which compares every option it does not know) refused to resume it: replicas
+    of two releases on one data dir during an upgrade. The data dir's own folder is recorded as None (what that
+    release compares as equal to its unset option); the resume command still names the folder and resumes the run,
+    even where VECBRIDGE_ARTIFACT_DIR names another."""
+    from service.cli import main
+    from service.vectordb import FileCheckpoint
+
+    ck = tmp_path / "ck.json"
+    with pytest.raises(MigrationInterrupted):
+        _migrate(world, ck, stop=True, artifact_dir=world["data"] / "artifacts")
+    world["registry"].close()
+    recorded = json.loads(ck.read_text())["options"]
+    assert recorded["artifact_dir"] is None and recorded["data_dir"] == str(world["data"].resolve()), recorded
+
+    class PreviousRelease(FileCheckpoint):  # its options and the places it does not compare
+        WHERE = frozenset({"data_dir", "registry_url"})
+
+    before = {k: v for k, v in recorded.items() if k != "artifact_dir"}
+    assert PreviousRelease(ck, options=before).load()["last_id"] == 39  # not refused
+    argv = shlex.split(checkpoint_status(ck)["resume"])
+    assert argv[argv.index("--artifact-dir") + 1] == str(world["data"].resolve() / "artifacts"), argv
+    argv[argv.index("STORE")] = world["url"]
+    (tmp_path / "other").mkdir()
+    monkeypatch.setenv("VECBRIDGE_ARTIFACT_DIR", str(tmp_path / "other"))
+    assert main([*argv[1:], "--json"]) == 0, capsys.readouterr().err
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["rows"] == N
+
+
+def test_the_http_jobs_checkpoint_is_absolute_as_the_listing_shows_it(world, monkeypatch):
+    """A server whose data dir is relative: the migration job's result gave ``checkpoint`` relative
+    (``data/migrations/src-to-dst.json``) while GET /v1/migrations gave it absolute. Both are absolute, the same."""
+    from fastapi.testclient import TestClient
+
+    from service.api.app import create_app
+
+    world["registry"].close()
+    monkeypatch.chdir(world["tmp"])
+    with TestClient(create_app(settings_for(Path("."), vectordb_url=world["url"]))) as c:
+        r = c.post("/v1/migrations", json={"source": "src", "target": "dst", "map": "a2b", "batch_size": 40},
+                   headers=W)
+        assert r.status_code == 202, r.text
+        job = wait_http_job(c, r.json()["id"], headers=W)
+        listed = c.get("/v1/migrations", headers=W).json()["data"]
+    assert job["state"] == "succeeded", job
+    got = job["result"]["checkpoint"]
+    assert Path(got).is_absolute() and got == listed[0]["checkpoint"], (got, listed)
+    assert got == str(default_checkpoint(world["data"].resolve(), "src", "dst")), got
