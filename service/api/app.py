@@ -403,7 +403,7 @@ def _check_data_dir(s: Settings) -> None:
     folders = [("data dir", Path(s.data_dir).resolve(), "--data-dir / VECBRIDGE_DATA_DIR")]
     # set apart from the data dir, they were not checked: the start-up failed on them with a traceback, exit 3
     if s.artifact_dir is not None:
-        folders.append(("artifact dir", s.resolved_artifact_dir(), "VECBRIDGE_ARTIFACT_DIR"))
+        folders.append(("artifact dir", s.resolved_artifact_dir(), "--artifact-dir / VECBRIDGE_ARTIFACT_DIR"))
     if s.report_dir is not None:
         folders.append(("report dir", s.resolved_report_dir(), "VECBRIDGE_REPORT_DIR"))
     for what, path, setting in folders:

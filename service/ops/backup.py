@@ -229,7 +229,7 @@ def _backup(settings: Settings, data: Path, tmp: Path, copier: _Copier, progress
         out["artifacts"] = copier.tree(art, tmp / "artifacts", skip=lambda rel: rel.parts[0] in ("tmp", "reports"))
         if art != data / "artifacts":
             notes.append(f"artifacts from {art} are in the backup's artifacts/: start the restored service "
-                         f"without VECBRIDGE_ARTIFACT_DIR")
+                         f"without --artifact-dir / VECBRIDGE_ARTIFACT_DIR")
         # where reports are now (Settings.resolved_report_dir), and where the CLI and the service wrote them before
         report_dirs = dict.fromkeys([settings.resolved_report_dir(), data / "reports", art.parent / "reports"])
         out["reports"] = sum(copier.tree(r, tmp / "reports") for r in report_dirs)

@@ -56,8 +56,8 @@ def artifacts_elsewhere(db, store, tables, sample: int = ARTIFACT_SAMPLE, *, max
     if len(missing) >= MIN_MISSING and 2 * len(missing) >= len(rows):
         why = (f"this data dir's artifact folder does not hold the registry's artifacts ({len(missing)} of the "
                f"{len(rows)} newest versions' files are not in it): replicas of one registry must share its "
-               "artifact folder (VECBRIDGE_ARTIFACT_DIR, default DATA_DIR/artifacts, on storage every replica "
-               "mounts); if they do, files were lost: `vecbridge registry verify` lists them")
+               "artifact folder (vecbridge --artifact-dir or VECBRIDGE_ARTIFACT_DIR, default DATA_DIR/artifacts, on "
+               "storage every replica mounts); if they do, files were lost: `vecbridge registry verify` lists them")
         if seen is None or seen[1] is None:  # once when the verdict turns, not at every probe while it stands
             _log.warning("%s (this data dir's artifact folder: %s)", why, store.root)
     store.elsewhere_seen = (time.monotonic(), why)

@@ -129,8 +129,9 @@ class FileCheckpoint(Checkpoint):
         the alias; another ``--index`` built another index). What the first run left unset (:data:`ADDABLE`: an
         alias, a space declaration) a resume may add; the index and field names it may not change at all. Values
         are compared as they resolve (:attr:`defaults`): ``--index like`` recorded and a resume without ``--index``
-        (whose default is ``like``) is no change. Where things are (the data dir, the registry) is not compared (one
-        registry may be named by several paths). The refusal names CLI flags, or with ``json_fields`` the fields
+        (whose default is ``like``) is no change. Where things are (:attr:`WHERE`: the data dir, the registry, the
+        artifact folder, the keep set's files) is not compared (one folder may be named by several paths; a keep set
+        is checked by its digest). The refusal names CLI flags, or with ``json_fields`` the fields
         of an HTTP request."""
         if self.options is None or not isinstance(recorded, dict):
             return  # a status read, or a checkpoint of a release that recorded none
