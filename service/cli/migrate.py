@@ -80,7 +80,8 @@ def migrate(obj: Ctx, store, text_field, vector_field, id_field, source, target,
                           + (f" ({st['resume_note']})" if st["resume_note"] and st["state"] != "running" else ""))
         return
     store = obj.store_url(store)
-    check_artifact_folder(obj.settings.resolved_artifact_dir(), map_ref)  # before the registry opens (makes it)
+    # before the registry opens: that makes the folder
+    check_artifact_folder(obj.settings.resolved_artifact_dir(), map_ref, obj.settings.resolved_registry_url())
     quiet_client_logs(store)  # pymilvus logged ~150 lines of tracebacks before the one error line
     progress = _MigrationProgress(f"migrate {source}->{target}", as_json, quiet)
     try:

@@ -278,11 +278,14 @@ def _recorded_folders(data_dir, artifact_dir) -> dict:
     return {"data_dir": data and str(data), "artifact_dir": None if own or art is None else str(art)}
 
 
-def check_artifact_folder(folder, map_ref, *, option: str = "vecbridge --artifact-dir DIR") -> None:
+def check_artifact_folder(folder, map_ref, registry_url: str | None, *,
+                          option: str = "vecbridge --artifact-dir DIR") -> None:
     """NotFoundError (exit 2) before a migration through the registry ``map_ref`` opens the registry, when its
     artifact ``folder`` is missing: opening it made an empty one there (a moved folder's old place, by a stopped
-    run's resume command), and the run failed as "artifact 59/59d8... is missing or unreadable", naming no folder."""
-    if folder is None or not needs_registry(map_ref) or Path(folder).is_dir():
+    run's resume command), and the run failed as "artifact 59/59d8... is missing or unreadable", naming no folder.
+    A SQLite registry (``registry_url``) that is missing too is left to its own refusal (it names the data dir)."""
+    db = sqlite_path(registry_url) if registry_url else None
+    if folder is None or not needs_registry(map_ref) or Path(folder).is_dir() or (db is not None and not db.exists()):
         return
     raise NotFoundError(f"the artifact folder {Path(folder).resolve()} does not exist, so map {map_ref!r} cannot be "
                         f"read from it (nothing was created there): name the folder that holds the registry's map "

@@ -91,7 +91,8 @@ def main(argv=None) -> int:
         if args.registry:  # no --artifact-dir: the settings' folder, as `vecbridge` reads it (None was a TypeError)
             artifact_dir = (Path(args.artifact_dir).expanduser() if args.artifact_dir
                             else settings.resolved_artifact_dir())
-            check_artifact_folder(artifact_dir, args.map, option="--artifact-dir DIR")  # opening it makes one
+            # a missing folder is refused before the registry opens: that makes it
+            check_artifact_folder(artifact_dir, args.map, args.registry, option="--artifact-dir DIR")
             registry = open_registry(args.registry, artifact_dir, path_alias=settings.path_alias)
 
         def progress(p):
