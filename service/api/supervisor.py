@@ -21,7 +21,11 @@ busy host answers late), one silent worker (SIGSTOP, a frozen cgroup, a long cal
 - SIGHUP's restart (as uvicorn's: each new worker serves before the old one is retired) reads every answer it asks
   for, gives up as soon as a stop is asked, and sees a new worker that ends while starting: uvicorn's left an unread
   answer per slow check in the pipe (a stopped worker's stale "yes" later spared it the stop's kill), and a SIGTERM
-  during the restart waited for the new workers to start (up to ``timeout_worker_healthcheck`` each).
+  during the restart waited for the new workers to start (up to ``timeout_worker_healthcheck`` each);
+- its wait for an old worker's end gives up as soon as a stop is asked too (the stop then ends that worker with the
+  others), and kills one still there ``RETIRE_MARGIN_S`` after ``shutdown_timeout_s``: uvicorn's waited with no limit,
+  so a SIGTERM while an old worker finished its requests came 25 s late (50 s with both busy), and never with one
+  stopped (SIGSTOP).
 """
 
 from __future__ import annotations
@@ -36,10 +40,11 @@ from multiprocessing import resource_tracker
 from uvicorn.config import STARTUP_FAILURE
 from uvicorn.supervisors.multiprocess import Multiprocess, Process
 
-__all__ = ["SERVING_CHECK_S", "STOP_CHECK_S", "Supervisor", "Worker", "died"]
+__all__ = ["RETIRE_MARGIN_S", "SERVING_CHECK_S", "STOP_CHECK_S", "Supervisor", "Worker", "died"]
 
 SERVING_CHECK_S = 10.0  # longest wait for a serving worker's answer (a starting one: timeout_worker_healthcheck)
 STOP_CHECK_S = 2.0  # longest wait, at the stop, for a worker's last answer before it is killed
+RETIRE_MARGIN_S = 5.0  # beyond shutdown_timeout_s: an old worker retired by SIGHUP and still there is killed
 _STEP_S = 0.1  # a check looks for a stop this often
 _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
@@ -148,9 +153,33 @@ class Supervisor(Multiprocess):
                     _log.error(f"New child process [{new.pid}] {why}; keeping worker [{old.pid}] and aborting the "
                                "restart.")
                 return
-            old.terminate()
-            old.join()
             self.processes[idx] = new
+            if not self._retire(old):
+                self.processes.append(old)  # a stop came first: terminate_all asks it once more, kills it if silent
+                return
+
+    def _retire(self, old: Process) -> bool:
+        """SIGTERM to ``old`` (its open requests get up to ``shutdown_timeout_s``), then a wait for its end, in short
+        joins; it is killed once ``RETIRE_MARGIN_S`` past that (a stopped worker never acts on the SIGTERM). False: a
+        stop was asked first, ``old`` still there with its pipe open. uvicorn's ``terminate(); join()`` had no limit
+        and read no stop: a SIGTERM during it waited for the old worker's requests, then for the next one's (50 s),
+        and for ever for a stopped one."""
+        os.kill(old.pid, signal.SIGTERM)
+        _log.info(f"Terminated child process [{old.pid}]")
+        _log.info(f"Waiting for child process [{old.pid}]")
+        limit = (self.config.timeout_graceful_shutdown or 0.0) + RETIRE_MARGIN_S
+        deadline = time.monotonic() + limit
+        while old.process.is_alive():
+            if self._stopping():
+                return False
+            if time.monotonic() >= deadline:
+                _log.warning(f"Child process [{old.pid}] did not end within {limit:g} s of its SIGTERM: killed")
+                old.process.kill()
+                deadline = float("inf")  # a killed process ends
+            old.process.join(_STEP_S)
+        old.parent_conn.close()
+        old.child_conn.close()
+        return True
 
     def _started(self, process: Process) -> bool:
         """Whether ``process`` answers that its server started within ``timeout_worker_healthcheck``; False as soon

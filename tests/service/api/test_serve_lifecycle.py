@@ -627,3 +627,63 @@ def test_a_single_process_stop_lets_a_fit_inside_its_registration_finish_it(tmp_
         assert [v.version for v in reg.list_versions("held")] == [1]
     finally:
         reg.close()
+
+
+def _sighup_with_old_stopped(proc: subprocess.Popen) -> set[int]:
+    """SIGHUP to ``proc``, and its old workers stopped (SIGSTOP) once the first new one is spawned: the restart is
+    under way (no health check of the old ones comes between), and each old worker it retires never acts on its
+    SIGTERM. Returns the old workers."""
+    old = set(_workers(proc.pid))
+    os.kill(proc.pid, signal.SIGHUP)
+    _new_worker(proc, old)
+    for p in old:
+        os.kill(p, signal.SIGSTOP)
+    return old
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_a_sigterm_while_the_sighup_restart_waits_for_a_stopped_old_worker_stops_the_service(tmp_path):
+    """The restart waited for an old worker's end (uvicorn's ``terminate(); join()``) with no limit and read no stop:
+    a SIGTERM then waited for the old worker's open requests (up to ``shutdown_timeout_s``, 25 s) and then for the
+    next one's, and for ever for a stopped worker. Now the wait gives up on the stop: the old workers, silent, are
+    killed after ``STOP_CHECK_S``, the new one stops gracefully, exit 0."""
+    proc, _port = _workers_serve(tmp_path)
+    try:
+        old = _sighup_with_old_stopped(proc)
+        _wait_for_log(tmp_path, "Application startup complete.", 3)
+        _wait_for_log(tmp_path, "Waiting for child process [")  # the restart waits for an old worker's end
+        proc.send_signal(signal.SIGTERM)
+        try:
+            code = proc.wait(30)
+        except subprocess.TimeoutExpired:
+            code = None  # before: the supervisor waited for the stopped old worker for ever
+        assert code == 0, code
+        assert not [p for p in old if _state(p) not in ("", "Z")]
+    finally:
+        _end_group(proc)
+    msgs = [r["msg"] for r in _records(tmp_path)]
+    killed = [p for p in old if f"Child process [{p}] did not answer its last health check: killed" in msgs]
+    assert sorted(killed) == sorted(old), msgs
+    assert "service stopped" in msgs, msgs  # the new worker's graceful stop
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_a_sighup_restart_kills_an_old_worker_still_there_past_shutdown_timeout_s_and_completes(tmp_path):
+    """An old worker that does not end after its SIGTERM (stopped here) held uvicorn's restart for ever: the second
+    worker was never replaced. Now it is killed ``RETIRE_MARGIN_S`` (5 s) past ``shutdown_timeout_s`` (1 s here) with
+    a WARNING line, and the restart goes on: two new workers serve, and the service stops with 0."""
+    proc, port = _workers_serve(tmp_path, env={"VECBRIDGE_SHUTDOWN_TIMEOUT_S": "1"})
+    try:
+        old = _sighup_with_old_stopped(proc)
+        _wait_for_log(tmp_path, "Application startup complete.", 4, seconds=90)  # before: 3, the restart held
+        deadline = time.monotonic() + 60
+        while [p for p in old if _state(p) not in ("", "Z")] or len(_workers(proc.pid)) != 2:
+            assert time.monotonic() < deadline, (_workers(proc.pid), old)
+            time.sleep(0.05)
+        assert not set(_workers(proc.pid)) & old
+        _answers_then_stops_with_0(proc, port)
+    finally:
+        _end_group(proc)
+    warnings = [r["msg"] for r in _records(tmp_path) if r.get("level") == "WARNING"]
+    assert sorted(warnings) == sorted(f"Child process [{p}] did not end within 6 s of its SIGTERM: killed"
+                                      for p in old), warnings
