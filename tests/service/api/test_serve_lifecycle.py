@@ -557,9 +557,11 @@ def test_a_worker_restarted_by_sighup_that_stops_answering_is_killed_at_the_stop
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 def test_a_new_worker_that_ends_while_starting_ends_the_sighup_restart_and_the_old_ones_keep_serving(tmp_path):
-    """A replacement that ends before its server starts (killed here; a broken app exits 3) aborts the restart at
-    once: the old workers keep serving, and one ERROR line says which worker ended and with what code (uvicorn's said
-    it "was not ready in time"). The restart's wait sees the end, not ``worker_healthcheck_timeout_s`` (60 s) later."""
+    """A replacement that ends before its server starts (killed here; a broken app exits 3) aborts the restart: the
+    old workers keep serving, and one ERROR line says which worker ended and with what code. uvicorn's wait saw the
+    end as well (it looks whether the worker is alive about once a second), but its line said the worker "was not
+    ready in time", as for one that did not start within ``worker_healthcheck_timeout_s``: an operator looked for a
+    slow start, not for a crash."""
     proc, port = _workers_serve(tmp_path)
     try:
         old, w = _sighup_then(proc, signal.SIGKILL)
