@@ -14,7 +14,7 @@ import subprocess
 import tempfile
 import threading
 import time
-from contextlib import closing, contextmanager
+from contextlib import closing, contextmanager, suppress
 from pathlib import Path
 from typing import Iterator
 
@@ -119,6 +119,50 @@ def file_size_limit(n_bytes: int) -> Iterator[None]:
 def children(pid: int) -> list[int]:
     """The process ids of ``pid``'s direct children (Linux /proc)."""
     return [int(c) for t in Path(f"/proc/{pid}/task").iterdir() for c in (t / "children").read_text().split()]
+
+
+def workers_of(pid: int) -> list[int]:
+    """The worker processes the supervisor ``pid`` spawned (not multiprocessing's resource tracker, its child too);
+    [] once it is gone (Linux /proc)."""
+    out = []
+    with suppress(OSError):  # ended meanwhile
+        for c in children(pid):
+            with suppress(OSError):
+                if b"spawn_main" in Path(f"/proc/{c}/cmdline").read_bytes():
+                    out.append(c)
+    return out
+
+
+def proc_state(pid: int) -> str:
+    """The state letter of ``pid`` in /proc ("T": stopped, "Z": ended); "" once it is gone."""
+    with suppress(OSError, IndexError):
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1][0]
+    return ""
+
+
+def alive(pid: int) -> bool:
+    """Whether ``pid`` is still there and has not ended (a zombie has)."""
+    return proc_state(pid) not in ("", "Z")
+
+
+def serve_workers(tmp: Path, *args: str, env: dict | None = None, ready: bool = True) -> tuple[subprocess.Popen, int]:
+    """``serve --workers 2 *args`` (a real supervisor) on a data dir under ``tmp`` seeded by :func:`seed_registry`,
+    with extra environment ``env`` and its log in ``tmp / "server.log"``: in a process group of its own (a SIGKILL to
+    ``-proc.pid`` ends its workers too), SIGHUP at its default (not as ``nohup`` left it). Returns ``(proc, port)``
+    once ``/healthz`` answers, or at once without ``ready``."""
+    import sys
+
+    data = tmp / "data"
+    seed_registry(data)
+    port = free_port()
+    launch = ("import os, runpy, signal; os.setpgid(0, 0); signal.signal(signal.SIGHUP, signal.SIG_DFL); "
+              "runpy.run_module('service.cli', run_name='__main__', alter_sys=True)")
+    cmd = [sys.executable, "-c", launch, "serve", "--workers", "2", *args]
+    env = {**env_for(data, port), **(env or {})}
+    if ready:
+        return start(cmd, env, port, tmp / "server.log"), port
+    with open(tmp / "server.log", "wb") as log:  # the server writes to its own copy
+        return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT), port
 
 
 def rss_kib(pid: int) -> int:

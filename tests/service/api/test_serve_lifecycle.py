@@ -17,7 +17,17 @@ import httpx
 import numpy as np
 import pytest
 from _api_support import R, W
-from _servers import ROOT, children, env_for, free_port, seed_registry, start
+from _servers import (
+    ROOT,
+    alive,
+    env_for,
+    free_port,
+    proc_state,
+    seed_registry,
+    serve_workers,
+    start,
+    workers_of,
+)
 
 
 def _serve(tmp_path, *args) -> tuple[subprocess.Popen, int]:
@@ -302,7 +312,7 @@ def test_ctrl_c_while_the_workers_are_still_starting_stops_them_quietly(tmp_path
         deadline = time.monotonic() + 60
         # both spawned and importing the service (numpy, its first extension, is loaded): the rest takes them a second
         # or more. Sooner, a Ctrl-C found the interpreter starting: the default action ended it, as quietly
-        while len([w for w in _workers(proc.pid) if _loaded(w, b"_multiarray_umath")]) < 2:
+        while len([w for w in workers_of(proc.pid) if _loaded(w, b"_multiarray_umath")]) < 2:
             assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "server.log").read_text()
             time.sleep(0.01)
         os.killpg(proc.pid, signal.SIGINT)
@@ -325,16 +335,6 @@ def _loaded(pid: int, library: bytes) -> bool:
     with contextlib.suppress(OSError):
         return library in Path(f"/proc/{pid}/maps").read_bytes()
     return False
-
-
-def _workers(pid: int) -> list[int]:
-    """The worker processes ``pid`` spawned (not multiprocessing's resource tracker, its child too)."""
-    out = []
-    for c in children(pid):
-        with contextlib.suppress(OSError):  # ended meanwhile
-            if b"spawn_main" in Path(f"/proc/{c}/cmdline").read_bytes():
-                out.append(c)
-    return out
 
 
 @pytest.mark.parametrize("workers", [1, 2])
@@ -390,20 +390,13 @@ def test_a_request_cut_by_a_second_ctrl_c_says_so_not_that_shutdown_timeout_s_ra
     assert [r["msg"] for r in records].count("Application shutdown complete.") == workers, records
 
 
-def _state(pid: int) -> str:
-    """The state letter of ``pid`` in /proc ("T": stopped, "Z": ended); "" once it is gone."""
-    with contextlib.suppress(OSError, IndexError):
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1][0]
-    return ""
-
-
 def _frozen_still_starting(pid: int) -> bool | None:
     """Stop ``pid`` (SIGSTOP) and say whether its SIGINT is blocked, if it has not yet started its health-check
     thread (one thread: uvicorn's target starts it before the server loads the app, :func:`worker_app`); None
     where it has (or it ended). The caller sends SIGCONT."""
     os.kill(pid, signal.SIGSTOP)
     deadline = time.monotonic() + 10
-    while _state(pid) not in ("T", "Z", ""):
+    while proc_state(pid) not in ("T", "Z", ""):
         assert time.monotonic() < deadline, f"{pid} did not stop"
         time.sleep(0.002)
     with contextlib.suppress(OSError):
@@ -415,15 +408,8 @@ def _frozen_still_starting(pid: int) -> bool | None:
 
 
 def _workers_serve(tmp_path, *args, env=None) -> tuple[subprocess.Popen, int]:
-    """``serve --workers 2`` once both workers' apps started: in a process group of its own (stopped by
-    :func:`_end_group`), SIGHUP at its default (not as ``nohup`` left it)."""
-    data = tmp_path / "data"
-    seed_registry(data)
-    port = free_port()
-    launch = ("import os, runpy, signal; os.setpgid(0, 0); signal.signal(signal.SIGHUP, signal.SIG_DFL); "
-              "runpy.run_module('service.cli', run_name='__main__', alter_sys=True)")
-    proc = start([sys.executable, "-c", launch, "serve", "--workers", "2", *args],
-                 {**env_for(data, port), **(env or {})}, port, tmp_path / "server.log")
+    """:func:`serve_workers` (stopped by :func:`_end_group`) once both workers' apps started."""
+    proc, port = serve_workers(tmp_path, *args, env=env)
     _wait_for_log(tmp_path, "Application startup complete.", 2)
     return proc, port
 
@@ -439,7 +425,7 @@ def _end_group(proc: subprocess.Popen) -> None:
 def _sighup_then(proc: subprocess.Popen, sig: int) -> tuple[set[int], int]:
     """SIGHUP to ``proc`` (a restart), and ``sig`` to its first new worker as soon as it is spawned; returns the
     workers it had before and that new one."""
-    old = set(_workers(proc.pid))
+    old = set(workers_of(proc.pid))
     os.kill(proc.pid, signal.SIGHUP)
     w = _new_worker(proc, old)
     os.kill(w, sig)
@@ -456,7 +442,7 @@ def _answers_then_stops_with_0(proc: subprocess.Popen, port: int) -> None:
 def _new_worker(proc: subprocess.Popen, old: set[int], seconds: float = 60.0) -> int:
     """The first worker of ``proc`` not in ``old``, as soon as it is spawned."""
     deadline = time.monotonic() + seconds
-    while not (new := sorted(set(_workers(proc.pid)) - old)):
+    while not (new := sorted(set(workers_of(proc.pid)) - old)):
         assert proc.poll() is None and time.monotonic() < deadline, f"no new worker within {seconds} s"
         time.sleep(0.002)
     return new[0]
@@ -472,7 +458,7 @@ def test_a_worker_started_by_sighup_or_sigttin_starts_with_sigint_blocked_too(tm
     service answers, and it stops with 0 and a JSON log."""
     proc, port = _workers_serve(tmp_path)
     try:
-        old = set(_workers(proc.pid))
+        old = set(workers_of(proc.pid))
         os.kill(proc.pid, sig)
         seen, blocked = set(), []
         for _ in range(2 if sig == signal.SIGHUP else 1):  # SIGHUP replaces them one after the other
@@ -490,8 +476,8 @@ def test_a_worker_started_by_sighup_or_sigttin_starts_with_sigint_blocked_too(tm
         want = seen if sig == signal.SIGHUP else old | seen
         _wait_for_log(tmp_path, "Application startup complete.", 2 + len(seen))
         deadline = time.monotonic() + 60
-        while set(_workers(proc.pid)) != want:  # SIGHUP: the old ones retired once their replacements serve
-            assert time.monotonic() < deadline, (_workers(proc.pid), want)
+        while set(workers_of(proc.pid)) != want:  # SIGHUP: the old ones retired once their replacements serve
+            assert time.monotonic() < deadline, (workers_of(proc.pid), want)
             time.sleep(0.05)
         _answers_then_stops_with_0(proc, port)
     finally:
@@ -515,7 +501,7 @@ def test_a_sigterm_during_a_sighup_restart_does_not_wait_for_the_new_worker_to_s
         except subprocess.TimeoutExpired:
             code = None  # before: the supervisor still waited for the stopped worker (60 s)
         assert code == 0, code
-        assert _state(w) in ("", "Z") and not [p for p in old if _state(p) not in ("", "Z")]
+        assert not alive(w) and not [p for p in old if alive(p)]
     finally:
         _end_group(proc)
     records = _records(tmp_path)
@@ -539,7 +525,7 @@ def test_a_worker_restarted_by_sighup_that_stops_answering_is_killed_at_the_stop
         os.kill(w, signal.SIGCONT)
         _wait_for_log(tmp_path, "Application startup complete.", 4)
         _wait_for_log(tmp_path, "Finished server process", 2)  # the old two retired
-        new = set(_workers(proc.pid))
+        new = set(workers_of(proc.pid))
         assert len(new) == 2 and not new & old and w in new, (new, old, w)
         assert httpx.get(f"http://127.0.0.1:{port}/v1/maps", headers=R, timeout=30).status_code == 200
         os.kill(w, signal.SIGSTOP)  # hung: it answers no health check
@@ -566,7 +552,7 @@ def test_a_new_worker_that_ends_while_starting_ends_the_sighup_restart_and_the_o
     try:
         old, w = _sighup_then(proc, signal.SIGKILL)
         _wait_for_log(tmp_path, f"New child process [{w}] ended while starting (exit code -9)", seconds=30)
-        assert set(_workers(proc.pid)) == old
+        assert set(workers_of(proc.pid)) == old
         _answers_then_stops_with_0(proc, port)
     finally:
         _end_group(proc)
@@ -635,7 +621,7 @@ def _sighup_with_old_stopped(proc: subprocess.Popen) -> set[int]:
     """SIGHUP to ``proc``, and its old workers stopped (SIGSTOP) once the first new one is spawned: the restart is
     under way (no health check of the old ones comes between), and each old worker it retires never acts on its
     SIGTERM. Returns the old workers."""
-    old = set(_workers(proc.pid))
+    old = set(workers_of(proc.pid))
     os.kill(proc.pid, signal.SIGHUP)
     _new_worker(proc, old)
     for p in old:
@@ -660,7 +646,7 @@ def test_a_sigterm_while_the_sighup_restart_waits_for_a_stopped_old_worker_stops
         except subprocess.TimeoutExpired:
             code = None  # before: the supervisor waited for the stopped old worker for ever
         assert code == 0, code
-        assert not [p for p in old if _state(p) not in ("", "Z")]
+        assert not [p for p in old if alive(p)]
     finally:
         _end_group(proc)
     msgs = [r["msg"] for r in _records(tmp_path)]
@@ -679,10 +665,10 @@ def test_a_sighup_restart_kills_an_old_worker_still_there_past_shutdown_timeout_
         old = _sighup_with_old_stopped(proc)
         _wait_for_log(tmp_path, "Application startup complete.", 4, seconds=90)  # before: 3, the restart held
         deadline = time.monotonic() + 60
-        while [p for p in old if _state(p) not in ("", "Z")] or len(_workers(proc.pid)) != 2:
-            assert time.monotonic() < deadline, (_workers(proc.pid), old)
+        while [p for p in old if alive(p)] or len(workers_of(proc.pid)) != 2:
+            assert time.monotonic() < deadline, (workers_of(proc.pid), old)
             time.sleep(0.05)
-        assert not set(_workers(proc.pid)) & old
+        assert not set(workers_of(proc.pid)) & old
         _answers_then_stops_with_0(proc, port)
     finally:
         _end_group(proc)

@@ -17,35 +17,17 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import httpx
 import pytest
 from _api_support import R
-from _servers import ROOT, env_for, free_port, seed_registry, start, stop, wait_ready
-
-
-def _workers(pid: int) -> list[int]:
-    """The worker processes of the supervisor ``pid`` (spawned by multiprocessing)."""
-    out = subprocess.run(["pgrep", "-P", str(pid)], check=False, capture_output=True, text=True).stdout.split()
-    found = []
-    for p in map(int, out):
-        try:
-            if b"spawn_main" in Path(f"/proc/{p}/cmdline").read_bytes():
-                found.append(p)
-        except OSError:  # gone meanwhile
-            pass
-    return found
+from _servers import alive, serve_workers, stop, wait_ready, workers_of
 
 
 def _serve_two(tmp_path, *args, env=None) -> tuple[subprocess.Popen, int, list[int]]:
-    data = tmp_path / "data"
-    seed_registry(data)
-    port = free_port()
-    proc = start([sys.executable, "-m", "service.cli", "serve", "--workers", "2", *args],
-                 {**env_for(data, port), **(env or {})}, port, tmp_path / "server.log")
+    proc, port = serve_workers(tmp_path, *args, env=env)
     deadline = time.monotonic() + 60
-    while len(workers := _workers(proc.pid)) < 2 and time.monotonic() < deadline:
+    while len(workers := workers_of(proc.pid)) < 2 and time.monotonic() < deadline:
         time.sleep(0.1)
     assert len(workers) == 2, workers
     return proc, port, workers
@@ -56,24 +38,12 @@ def _died(tmp_path, pid: int) -> bool:
     return any(m.startswith(f"Child process [{pid}] died") for m in _msgs(tmp_path))
 
 
-def _alive(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1][0] != "Z"
-    except (OSError, IndexError):
-        return False
-
-
 def _serve_two_starting(tmp_path, *args, env=None) -> tuple[subprocess.Popen, int, int]:
     """``serve --workers 2`` with its first worker stopped (SIGSTOP) as soon as it is spawned, before it can have
     answered that its server started (the import of the app takes seconds); returns the supervisor, port, worker."""
-    data = tmp_path / "data"
-    seed_registry(data)
-    port = free_port()
-    with open(tmp_path / "server.log", "wb") as log:  # the server writes to its own copy
-        proc = subprocess.Popen([sys.executable, "-m", "service.cli", "serve", "--workers", "2", *args], cwd=ROOT,
-                                env={**env_for(data, port), **(env or {})}, stdout=log, stderr=subprocess.STDOUT)
+    proc, port = serve_workers(tmp_path, *args, env=env, ready=False)
     deadline = time.monotonic() + 60
-    while not (workers := _workers(proc.pid)) and time.monotonic() < deadline and proc.poll() is None:
+    while not (workers := workers_of(proc.pid)) and time.monotonic() < deadline and proc.poll() is None:
         time.sleep(0.005)
     assert workers, (tmp_path / "server.log").read_text()
     os.kill(workers[0], signal.SIGSTOP)
@@ -104,11 +74,11 @@ def test_a_starting_worker_is_given_the_whole_wait_not_the_serving_workers_10_s(
     try:
         try:
             time.sleep(12)
-            assert _alive(w) and not _died(tmp_path, w), "the starting worker was killed within 12 s"
+            assert alive(w) and not _died(tmp_path, w), "the starting worker was killed within 12 s"
         finally:
-            if _alive(w):
+            if alive(w):
                 os.kill(w, signal.SIGCONT)
-        assert w in _workers(proc.pid) and len(_workers(proc.pid)) == 2
+        assert w in workers_of(proc.pid) and len(workers_of(proc.pid)) == 2
         assert httpx.get(f"http://127.0.0.1:{port}/v1/maps", headers=R, timeout=30).status_code == 200
     finally:
         stop(proc)
@@ -121,20 +91,20 @@ def test_the_option_sets_the_supervisors_wait_and_wins_over_the_variable(tmp_pat
     proc, port, w = _serve_two_starting(tmp_path, "--worker-healthcheck-timeout", "20",
                                         env={"VECBRIDGE_WORKER_HEALTHCHECK_TIMEOUT_S": "3600"})
     try:
-        while _alive(w) and time.monotonic() - stopped < 60:
+        while alive(w) and time.monotonic() - stopped < 60:
             time.sleep(0.2)
         waited = time.monotonic() - stopped
-        assert not _alive(w) and 19 < waited < 60, waited  # killed after ~20 s: neither 3600 nor the default 60
+        assert not alive(w) and 19 < waited < 60, waited  # killed after ~20 s: neither 3600 nor the default 60
         deadline = time.monotonic() + 60  # and replaced, the service still answering
         while _died(tmp_path, w) is False and time.monotonic() < deadline:
             time.sleep(0.2)
         assert _died(tmp_path, w)
         assert httpx.get(f"http://127.0.0.1:{port}/v1/maps", headers=R, timeout=30).status_code == 200
-        while len(_workers(proc.pid)) < 2 and time.monotonic() < deadline:
+        while len(workers_of(proc.pid)) < 2 and time.monotonic() < deadline:
             time.sleep(0.2)
-        assert len(_workers(proc.pid)) == 2
+        assert len(workers_of(proc.pid)) == 2
     finally:
-        if _alive(w):
+        if alive(w):
             os.kill(w, signal.SIGCONT)
         stop(proc)
 
@@ -151,9 +121,9 @@ def _sigkilled_and_replaced(tmp_path, proc, w, other, then=lambda: True):
     assert "killed by SIGKILL (perhaps out of memory" in died[0]["msg"], died
     assert then()
     deadline = time.monotonic() + 90
-    while len(_workers(proc.pid)) < 2 and time.monotonic() < deadline:
+    while len(workers_of(proc.pid)) < 2 and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert other in _workers(proc.pid) and len(_workers(proc.pid)) == 2
+    assert other in workers_of(proc.pid) and len(workers_of(proc.pid)) == 2
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
@@ -190,18 +160,18 @@ def test_a_serving_worker_that_stops_answering_is_replaced_after_10_s_not_60(tmp
     try:
         stopped = time.monotonic()
         os.kill(w, signal.SIGSTOP)  # hung: a serving worker answers from a thread of its own within a second
-        while _alive(w) and time.monotonic() - stopped < 40:
+        while alive(w) and time.monotonic() - stopped < 40:
             time.sleep(0.2)
         waited = time.monotonic() - stopped
-        assert not _alive(w) and 9 < waited < 30, waited  # 10 s (was the setting's 60 s)
+        assert not alive(w) and 9 < waited < 30, waited  # 10 s (was the setting's 60 s)
         deadline = time.monotonic() + 60
         while not _died(tmp_path, w) and time.monotonic() < deadline:
             time.sleep(0.2)
         assert f"Child process [{w}] did not answer its health check within 10 s" in _msgs(tmp_path)
         assert httpx.get(f"http://127.0.0.1:{port}/v1/maps", headers=R, timeout=30).status_code == 200
-        assert other in _workers(proc.pid)
+        assert other in workers_of(proc.pid)
     finally:
-        if _alive(w):
+        if alive(w):
             os.kill(w, signal.SIGCONT)
         stop(proc)
 
@@ -222,13 +192,13 @@ def test_a_stop_does_not_wait_for_a_silent_workers_health_check(tmp_path, sig):
             code = None
         took = time.monotonic() - asked
         assert code == 0 and took < 10, (code, took)  # ~3 s: 2 s for the silent worker's last answer
-        assert not _alive(w) and not _alive(other)  # the stopped one killed: it would never act on a SIGTERM
+        assert not alive(w) and not alive(other)  # the stopped one killed: it would never act on a SIGTERM
         msgs = _msgs(tmp_path)
         assert f"Child process [{w}] did not answer its last health check: killed" in msgs, msgs
         assert f"Child process [{other}] did not answer its last health check: killed" not in msgs, msgs
         assert not _died(tmp_path, w)  # not replaced
     finally:
-        if _alive(w):
+        if alive(w):
             os.kill(w, signal.SIGCONT)
         stop(proc)
 
