@@ -45,61 +45,84 @@ def _params(url: str):
         pos = end
 
 
-#: a URL's scheme, then its user part as libpq reads it: up to the first ``@`` before any ``/`` (libpq reads on past a
-#: ``?``: ``db:5432?x=a@b`` is the user ``db``, password ``5432?x=a``), and on to each further ``@`` a raw ``@`` in the
-#: password may have left in the host libpq reads (``S3C@RET@db``) -- never past a ``/`` or a query parameter
-#: (``?name=``) after the first ``@``: ``vb:pw@db?application_name=a@b`` is the host ``db`` (it was hidden as password)
-_USER = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://)([^/@]*(?:@[^/?@]*(?:\?[^/=@]*)?)*)@")
-#: a user part with a ``/`` not written ``%2F`` (``vb:s3/cr3t@db``, which libpq misreads as the host ``vb``, port
-#: ``s3``): up to the first ``@`` after that ``/`` and on to further ones, never past a query parameter
-_USER_SLASHED = re.compile(
-    r"([A-Za-z][A-Za-z0-9+.-]*://)([^/@:?#]*:[^@/?#]*/[^@?]*(?:\?[^=@]*)?(?:@[^?@]*(?:\?[^=@]*)?)*)@")
+#: a URL (not a libpq conninfo string, whose values may hold a ``://``: ``application_name=http://x``) starts so
+_SCHEME = re.compile(r"\s*[A-Za-z][A-Za-z0-9+.-]*://")
 
 
 def _userinfo(url: str) -> tuple[str, str, int] | None:
-    """``url`` up to its password's ``:``, the password (:data:`_USER`, else :data:`_USER_SLASHED`; after the user
-    part's first ``:``, so a raw ``@`` in the user name -- ``alice@corp:pw@db`` -- hides it too) and where its
-    closing ``@`` ends; None without one."""
-    m = _USER.match(url) or _USER_SLASHED.match(url)
-    if m is None or ":" not in m[2]:
+    """``url`` up to its password's ``:``, the password and where its closing ``@`` ends; None without one. The user
+    part runs to the *last* ``@``: libpq ends it at the first ``@`` before a ``/``, but a raw ``@``, ``/``, ``?`` or
+    ``=`` in a password (``vb:p@ss?w=rd@db/vb``, ``vb:k9/Qz?x=7Lm@db/vb``) makes any later ``@`` its end as well as
+    an ``@`` in a query parameter (``vb:p@db?application_name=a@b``): which one a person meant cannot be told, so the
+    host and the query before the last ``@`` are hidden too, rather than a piece of a password shown. The password
+    starts after the user part's first ``:``, so a raw ``@`` in the user name (``alice@corp:pw@db``) hides it too.
+    Linear: one scan each way."""
+    if (scheme := _SCHEME.match(url)) is None:
         return None
-    user, _, password = m[2].partition(":")
-    return f"{m[1]}{user}", password, m.end()
+    at = url.rfind("@", scheme.end())
+    colon = url.find(":", scheme.end(), max(at, 0))
+    if at < 0 or colon < 0:
+        return None
+    return url[:colon], url[colon + 1:at], at + 1
+
+
+def _libpq_password(url: str) -> str | None:
+    """The password libpq reads in ``url``: after the first ``:`` of the user part, which ends at the first ``@``
+    before a ``/`` (a piece of a longer one a person meant, that libpq may send or quote)."""
+    if (scheme := _SCHEME.match(url)) is None:
+        return None
+    slash = url.find("/", scheme.end())
+    at = url.find("@", scheme.end(), len(url) if slash < 0 else slash)
+    colon = url.find(":", scheme.end(), max(at, 0))
+    return None if at < 0 or colon < 0 else url[colon + 1:at]
 
 
 def safe_url(url: str) -> str:
-    """``url`` as an error message may show it: a password in its user part (``user:PASSWORD@host``), in a
-    ``password=`` or ``sslpassword=`` parameter (:func:`_secret_param`) or a conninfo string's as ``***``."""
+    """``url`` as an error message may show it: a password in its user part (``user:PASSWORD@host``: up to the last
+    ``@``, :func:`_userinfo`), in a ``password=`` or ``sslpassword=`` parameter (:func:`_secret_param`) or a conninfo
+    string's as ``***``; where they overlap (``db:5432/vb?password=a@b``), all of both."""
     url = str(url)
-    if (user := _userinfo(url)) is not None:
-        url = f"{user[0]}:***@{url[user[2]:]}"
+    hidden = [(len(user[0]) + 1, user[2] - 1)] if (user := _userinfo(url)) is not None else []
+    hidden += [(start + len(name) + 2, end) for start, end, _sep, name, _v in _params(url) if _secret_param(name)]
+    spans: list[list[int]] = []
+    for start, end in sorted(hidden):
+        if spans and start <= spans[-1][1]:  # overlaps the one before: one "***" for both
+            spans[-1][1] = max(spans[-1][1], end)
+        else:
+            spans.append([start, end])
     out, last = [], 0
-    for start, end, sep, name, _value in _params(url):
-        if _secret_param(name):
-            out += [url[last:start], f"{sep}{name}=***"]
-            last = end
+    for start, end in spans:
+        out += [url[last:start], "***"]
+        last = end
+    conninfo = _SCHEME.match(url) is None
     url = "".join(out) + url[last:]
-    if "://" not in url:  # a conninfo string: host=db password=s3cr3t
+    if conninfo:  # a conninfo string: host=db password=s3cr3t
         url = _KW_SECRET.sub(lambda m: m[0][:m.start(1) - m.start()] + "***", url)
     return url
 
 
 def url_secrets(url: str) -> list[str]:
-    """The passwords written in ``url`` (its user part, a ``password=`` parameter; a conninfo string's
-    ``password=``), as written and percent-decoded, and the pieces of one with a ``/`` (libpq reads
-    ``vb:s3/cr3t@db`` as the host ``vb``, port ``s3``): what :func:`redact` hides in a message that quotes pieces of
-    the URL (libpq's parse errors do)."""
+    """The passwords written in ``url`` (its user part to the last ``@`` and as libpq reads it, a ``password=``
+    parameter; a conninfo string's ``password=``), as written and percent-decoded, and its first :data:`_TAILS` pieces
+    between the ``/ @ ? : ,`` that end a host, port or database name for libpq (it reads ``vb:s3/cr3t@db`` as the
+    host ``vb``, port ``s3``; ``vb:p@db?application_name=a@b`` may be the password ``p@db?application_name=a``: the
+    host ``db`` is hidden too): what :func:`redact` hides in a message that quotes pieces of the URL (libpq's parse
+    errors do)."""
     url = str(url)
     found = [user[1]] if (user := _userinfo(url)) is not None else []
+    found += [piece for piece in re.split(r"[/@?:,]", found[0], maxsplit=_TAILS) if piece != found[0]] if found else []
+    found += [] if (libpq := _libpq_password(url)) is None else [libpq]
     found += [value for _s, _e, _sep, name, value in _params(url) if _secret_param(name)]
-    if "://" not in url:
+    if _SCHEME.match(url) is None:
         found += [v[1:-1] if v.startswith("'") else v for v in _KW_SECRET.findall(url)]
-    found += [piece for p in found if "/" in p for piece in p.split("/")]
     return sorted({v for p in found if p for v in (p, unquote(p))}, key=len, reverse=True)
 
 
 #: a secret this long or longer is hidden wherever it appears in a message; a shorter one only as a word of its own
 _WHOLE_FROM = 4
+#: the pieces after a password's first ``@``s that :func:`redact` looks for, at most (libpq quotes the host it read,
+#: which starts after the first): each is a scan of the message, and a URL with thousands took seconds
+_TAILS = 8
 
 
 def redact(message: str, url: str) -> str:
@@ -111,30 +134,40 @@ def redact(message: str, url: str) -> str:
         # its own: replaced everywhere, it made "cannot" "c***nnot"
         message = (message.replace(secret, "***") if len(secret) >= _WHOLE_FROM else
                    re.sub(rf"(?<![A-Za-z0-9]){re.escape(secret)}(?![A-Za-z0-9])", "***", message))
-    tails = {s.split("@", i)[-1] for s in secrets for i in range(1, s.count("@") + 1)}
+    tails = {s.split("@", i)[-1] for s in secrets for i in range(1, min(s.count("@"), _TAILS) + 1)}
     for tail in sorted(tails, key=len, reverse=True):
         if tail:
             message = message.replace(tail + "@", "***@")
     return message
 
 
+def _port(host: str) -> str:
+    """The port written after ``host`` (``db:5432``, ``[::1]:5432``), "" without one."""
+    after = host.rpartition("]")[2]
+    return after.rpartition(":")[2] if ":" in after else ""
+
+
 def check_pg_userinfo(url: str, what: str = "PostgreSQL URL") -> str:
     """``url`` unless libpq would read part of its user part as the host: InputError, without the URL, when the host
     libpq reads (after the first ``@``, up to ``/`` or ``?``) holds another ``@`` -- an ``@`` in the user name or
     password that is not written ``%40`` -- or when the database name (after the first ``/``) holds one: a ``/`` in
-    the password not written ``%2F`` (``alice:S3C/RET@db`` made libpq resolve the host ``alice``, port ``S3C``)."""
+    the password not written ``%2F`` (``alice:S3C/RET@db`` made libpq resolve the host ``alice``, port ``S3C``), or
+    any later part holds one after a port that is no number (``alice:S3C/R?x=ET@db``: a query, for libpq)."""
     rest = str(url).partition("://")[2]
     head, _, path = rest.partition("/")  # libpq looks for the user part's "@" up to the first "/"
-    if "@" in path.partition("?")[0]:  # the database name holds an "@": a raw "/" in the password (even after an "@")
+    after = rest.partition("@")[2] if "@" in head else rest  # from the host libpq reads on
+    hosts = re.split(r"[/?]", after, maxsplit=1)[0]
+    odd_port = "@" in after and not all(_port(h).isdigit() for h in hosts.split(",") if _port(h))
+    # the database name holds an "@": a raw "/" in the password (even after an "@"); or an "@" after a port libpq
+    # cannot read (vb:k9/Qz?x=7Lm@db: the host "vb", port "k9", then a query), a raw "/" then "?" in the password
+    if "@" in path.partition("?")[0] or ("@" not in head and odd_port):
         raise InputError(f"the {what} has an '@' after its first '/', where the database name is: write a '/' in the "
                          "password (or user name) as %2F, e.g. postgresql://alice:p%2Fss@db.example/vecbridge, and an "
                          "'@' in a database name as %40 (the URL is not repeated here: it may hold a password)")
-    if "@" in head:
-        host = re.split(r"[/?]", rest.partition("@")[2], maxsplit=1)[0]
-        if "@" in host:
-            raise InputError(f"the {what} has more than one '@' before its host: write an '@' in the password (or "
-                             "user name) as %40, e.g. postgresql://alice:p%40ss@db.example/vecbridge (the URL is not "
-                             "repeated here: it may hold a password)")
+    if "@" in hosts or odd_port:  # alice@corp:Pa?ss=word@db: the host "corp", port "Pa", then a query
+        raise InputError(f"the {what} has more than one '@' before its host: write an '@' in the password (or "
+                         "user name) as %40, e.g. postgresql://alice:p%40ss@db.example/vecbridge (the URL is not "
+                         "repeated here: it may hold a password)")
     return url
 
 
