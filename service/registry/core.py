@@ -106,8 +106,8 @@ class Registry(SteerRegistryMixin):
             raise InvalidNameError(f"artifact_format must be one of {sorted(ARTIFACT_FORMATS)}")
         self.url = url
         self.path_alias = check_alias(path_alias)
-        self.db = open_db(url, pool_size=pool_size, statement_timeout_s=statement_timeout_s)
-        self.store = ArtifactStore(artifact_dir, hook=_hook)
+        self.store = ArtifactStore(artifact_dir, hook=_hook)  # first: a failing one left the database's pool open
+        self.db = open_db(url, pool_size=pool_size, statement_timeout_s=statement_timeout_s)  # the last that may fail
         self.artifact_format = artifact_format
         self.report_dir = Path(report_dir).resolve() if report_dir else self.store.root.parent / "reports"
         self.cache = LRUCache(cache_size, cache_bytes)

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import BinaryIO, Callable
 
 from ..storage import STALE_TMP_S, atomic_write, make_dir, sweep_stale_tmp
-from .errors import IntegrityError, RegistryLockedError
+from .errors import IntegrityError, InvalidNameError, RegistryLockedError
 
 __all__ = ["STALE_TMP_S", "ArtifactStore", "sha256_bytes"]
 
@@ -41,9 +41,11 @@ class ArtifactStore:
 
     def __init__(self, root, hook: Callable[[str], None] | None = None):
         self.root = Path(root).resolve()
-        # a file DATA_DIR/artifacts was "[Errno 17] File exists" for every command (the reports folder is named)
-        make_dir(self.root / "tmp", f"the artifact folder {self.root} cannot be made (move the file, or set "
-                                    f"artifact_dir)")
+        try:  # a file on its path was the bare errno ("[Errno 17] File exists") for every command
+            make_dir(self.root / "tmp", f"the artifact folder {self.root} cannot be made (move the file, or name "
+                                        f"another: --artifact-dir / VECBRIDGE_ARTIFACT_DIR)")
+        except NotADirectoryError as e:
+            raise InvalidNameError(str(e)) from None
         self._hook = hook or (lambda point: None)
         self.elsewhere_seen: tuple[float, str | None] | None = None  # (monotonic time, verdict): elsewhere.py
 

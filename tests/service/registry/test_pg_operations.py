@@ -286,3 +286,18 @@ def test_a_connection_refused_after_it_connects_is_not_left_open(pg_url, tmp_pat
     finally:
         with psycopg.connect(pg_url, autocommit=True) as c:
             c.execute(f"DROP ROLE {role}")
+
+
+def test_an_artifact_folder_under_a_file_is_refused_with_no_connection_left_open(pg_url, tmp_path):
+    """``open_registry(url, "/x/afile/artifacts")`` with ``afile`` a file: the database's pool was opened first and
+    the store's bare ``NotADirectoryError`` left it open (a session on the server for as long as the error was
+    referenced); the store is made first now, and says which part of its folder is a file."""
+    from service.registry.errors import InvalidNameError
+
+    afile = tmp_path / "afile"
+    afile.write_text("not a folder")
+    assert _settled(pg_url) == 0
+    for artifacts in (afile / "artifacts", afile):
+        with pytest.raises(InvalidNameError, match="afile is a file, not a folder") as err:
+            open_registry(pg_url, artifacts)
+        assert _settled(pg_url) == 0, err.value  # err still referenced, as a job's record or a traceback keeps it
