@@ -104,13 +104,14 @@ def safe_url(url: str) -> str:
 def url_secrets(url: str) -> list[str]:
     """The passwords written in ``url`` (its user part to the last ``@`` and as libpq reads it, a ``password=``
     parameter; a conninfo string's ``password=``), as written and percent-decoded, and its first :data:`_TAILS` pieces
-    between the ``/ @ ? : ,`` that end a host, port or database name for libpq (it reads ``vb:s3/cr3t@db`` as the
-    host ``vb``, port ``s3``; ``vb:p@db?application_name=a@b`` may be the password ``p@db?application_name=a``: the
-    host ``db`` is hidden too): what :func:`redact` hides in a message that quotes pieces of the URL (libpq's parse
+    between the ``/ @ ? : , = &`` that end a host, port, database name or parameter for libpq (it reads
+    ``vb:s3/cr3t@db`` as the host ``vb``, port ``s3``, and ``vb:p@ss?w=rd@db`` as a parameter ``w`` it names in its
+    error; ``vb:p@db?application_name=a@b`` may be the password ``p@db?application_name=a``: the host ``db`` is
+    hidden too): what :func:`redact` hides in a message that quotes pieces of the URL (libpq's parse
     errors do)."""
     url = str(url)
     found = [user[1]] if (user := _userinfo(url)) is not None else []
-    found += [piece for piece in re.split(r"[/@?:,]", found[0], maxsplit=_TAILS) if piece != found[0]] if found else []
+    found += [piece for piece in re.split(r"[/@?:,=&]", found[0], maxsplit=_TAILS) if piece != found[0]] if found else []
     found += [] if (libpq := _libpq_password(url)) is None else [libpq]
     found += [value for _s, _e, _sep, name, value in _params(url) if _secret_param(name)]
     if _SCHEME.match(url) is None:
@@ -120,16 +121,23 @@ def url_secrets(url: str) -> list[str]:
 
 #: a secret this long or longer is hidden wherever it appears in a message; a shorter one only as a word of its own
 _WHOLE_FROM = 4
-#: the pieces after a password's first ``@``s that :func:`redact` looks for, at most (libpq quotes the host it read,
-#: which starts after the first): each is a scan of the message, and a URL with thousands took seconds
-_TAILS = 8
+#: the pieces of a password (after its first ``@``s: libpq quotes the host it read, which starts after the first;
+#: between its first separators) and the quoted words of a message :func:`redact` looks at, at most: each is a scan of
+#: the message or of the password, and a URL with thousands of ``@`` took seconds
+_TAILS = 64
+#: a quoted word of a message, as libpq and psycopg quote what they read: ``"..."`` or ``'...'``
+_QUOTED_WORD = re.compile(r""""[^"\n]*"|'[^'\n]*'""")
 
 
 def redact(message: str, url: str) -> str:
     """``message`` with ``url`` shown as :func:`safe_url` shows it and any password of it as ``***``; the pieces of a
-    password after an ``@`` too, where an ``@`` follows them (libpq read ``S3C@RET@db`` as the host ``RET@db``)."""
+    password after an ``@`` too, where an ``@`` follows them (libpq read ``S3C@RET@db`` as the host ``RET@db``), and
+    whatever the message quotes that is part of one (libpq: ``invalid URI query parameter: "w"`` for ``p@ss?w=rd``)."""
     message = str(message).replace(str(url), safe_url(url))
     secrets = url_secrets(url)
+    quoted = list(dict.fromkeys(w[1:-1] for w in _QUOTED_WORD.findall(message)))[:_TAILS]  # each: a scan of each
+    leaked = {w for w in quoted if w and any(w in s for s in secrets)}  # what libpq quotes of a password it split
+    message = _QUOTED_WORD.sub(lambda m: f"{m[0][0]}***{m[0][0]}" if m[0][1:-1] in leaked else m[0], message)
     for secret in secrets:  # a short one (a piece of a password split at a "/": "a" of a/bc...) only as a word of
         # its own: replaced everywhere, it made "cannot" "c***nnot"
         message = (message.replace(secret, "***") if len(secret) >= _WHOLE_FROM else
