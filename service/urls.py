@@ -111,7 +111,8 @@ def url_secrets(url: str) -> list[str]:
     errors do)."""
     url = str(url)
     found = [user[1]] if (user := _userinfo(url)) is not None else []
-    found += [piece for piece in re.split(r"[/@?:,=&]", found[0], maxsplit=_TAILS) if piece != found[0]] if found else []
+    if found:  # what libpq may read of it as a host, port, database name or parameter
+        found += [piece for piece in re.split(r"[/@?:,=&]", found[0], maxsplit=_TAILS) if piece != found[0]]
     found += [] if (libpq := _libpq_password(url)) is None else [libpq]
     found += [value for _s, _e, _sep, name, value in _params(url) if _secret_param(name)]
     if _SCHEME.match(url) is None:
@@ -161,6 +162,8 @@ def check_pg_userinfo(url: str, what: str = "PostgreSQL URL") -> str:
     password that is not written ``%40`` -- or when the database name (after the first ``/``) holds one: a ``/`` in
     the password not written ``%2F`` (``alice:S3C/RET@db`` made libpq resolve the host ``alice``, port ``S3C``), or
     any later part holds one after a port that is no number (``alice:S3C/R?x=ET@db``: a query, for libpq)."""
+    if _SCHEME.match(str(url)) is None:  # a conninfo string (application_name=http://a@b@c): no user part to misread
+        return url
     rest = str(url).partition("://")[2]
     head, _, path = rest.partition("/")  # libpq looks for the user part's "@" up to the first "/"
     after = rest.partition("@")[2] if "@" in head else rest  # from the host libpq reads on

@@ -323,13 +323,16 @@ def test_a_url_whose_port_is_a_piece_of_the_password_is_refused_before_connectin
 
 
 def test_a_conninfo_string_with_a_url_in_a_value_hides_its_password():
-    """A ``://`` anywhere (``application_name=http://x``) made it a URL: its ``password=`` was shown."""
-    from service.urls import redact, safe_url, url_secrets
+    """A ``://`` anywhere (``application_name=http://x``) made it a URL: its ``password=`` was shown, and an ``@``
+    after it was refused as a raw ``@`` in a user part it has not."""
+    from service.urls import check_pg_userinfo, redact, safe_url, url_secrets
 
     conninfo = "host=db application_name=http://x password=S3cretPw"
     assert safe_url(conninfo) == "host=db application_name=http://x password=***"
     assert url_secrets(conninfo) == ["S3cretPw"]
     assert "S3cretPw" not in redact(f"failed: {conninfo}", conninfo)
+    at = "host=db application_name=http://a@b@c password=S3cretPw"
+    assert check_pg_userinfo(at) == at and safe_url(at) == "host=db application_name=http://a@b@c password=***"
 
 
 #: a password's alphabet: what ends a user part, host, port or query for libpq, and letters nothing else in the URLs
