@@ -433,7 +433,7 @@ class APICalls(SteerCalls, TagCalls, Calls):
         """Queue a map fit; returns the job record at once (follow it with :meth:`wait`).
 
         ``source`` / ``target``: an array (n, d) or a list of texts (embedded in the job with ``encoder``, default
-        each space's encoder). ``method`` None: the service's default, minivec2vec (a 422 with ``paired=True``).
+        each space's encoder). ``method`` None: the server's minivec2vec (``paired=True``: a 422 under 2 seed pairs).
         ``paired`` (row i <-> row i): default true for a paired method, false for minivec2vec. ``random_state``: sent
         as given (a 422 unless an integer 0 .. 2**31-1); None: the service's 0, not a fresh seed as in :mod:`align`."""
         body = clean({"name": name, "source_space": source_space, "target_space": target_space,

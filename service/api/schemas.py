@@ -266,7 +266,7 @@ class FitRequest(_Strict):
     paired: bool | None = Field(None, description="Rows of source and target are pairs (row i <-> row i). Default, "
                                                   "as in the CLI: true for the paired methods (procrustes, ridge, "
                                                   "lowrank, auto, contrastive, cluster), false for minivec2vec; true "
-                                                  "with no `method` is a 422 (minivec2vec would not fit from them).")
+                                                  "with no `method` is a 422 unless 2+ `seed_pairs` seed minivec2vec.")
     seed_pairs: list[tuple[Count, Count]] | None = Field(None, description="Known (source row, target row) pairs "
                                                                            "seeding an unsupervised fit.")
     unpaired_source: _Vectors | None = Field(None, description="More source-model vectors beside the pairs (e.g. the "

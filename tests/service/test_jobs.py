@@ -315,6 +315,8 @@ def test_http_fit_of_paired_rows_needs_a_method_as_the_cli(tmp_path):
         r = c.post("/v1/fits", headers=W, json={**body, "method": ""})
         assert r.status_code == 422 and "unknown method ''" in r.json()["error"]["message"], r.text
         assert c.get("/v1/jobs", headers=R).json()["data"] == []  # refused: no job
+        r = c.post("/v1/fits", headers=W, json={**body, "seed_pairs": [[0, 0]]})  # one pair seeds nothing
+        assert r.status_code == 422 and "needs a method" in r.text, r.text
         r = c.post("/v1/fits", headers=W, json={**body, "seed_pairs": [[i, i] for i in range(20)]})
         assert r.status_code == 202 and "(minivec2vec)" in r.json()["description"], r.text
         wait(http_job(c, R), r.json()["id"])

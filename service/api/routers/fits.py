@@ -30,8 +30,9 @@ float32), or `texts` embedded in the job with `encoder` (default: the space's en
 Unknown spaces are registered from the data (dimension of the vectors or of the encoder).
 `paired=true` means row i of source and target are the same item (the paired methods:
 procrustes, ridge, lowrank, auto, contrastive, cluster; the default for them, as in the CLI; with
-`paired=true` name one in `method`, as the CLI's --method: a 422 without); otherwise the sets are
-unpaired (`minivec2vec`, the default `method`), optionally seeded with `seed_pairs`.
+`paired=true` name one in `method`, as the CLI's --method: a 422 without, unless two or more `seed_pairs` seed
+minivec2vec); otherwise the sets are unpaired (`minivec2vec`, the default `method`), optionally seeded
+with `seed_pairs`.
 `unpaired_source` / `unpaired_target` (`vectors`, or `vectors_b64` + `dim`) are more rows of one model beside
 the pairs (the old corpus, queries): `align.fit_migration`'s unpaired rows, for auto, contrastive and cluster.
 
@@ -90,7 +91,7 @@ def _check_seed_pairs(pairs, n_src: int, n_tgt: int) -> None:
 def _method(method: str | None, paired: bool | None, seeded: bool) -> str:
     """The fit's method: as given (an empty one is an unknown method, refused later), else minivec2vec, the
     documented default. Paired rows with no method and no seed pairs are refused (the CLI requires --method):
-    minivec2vec never fits from the pairs, which would only judge its map; with seed pairs it is seeded by them."""
+    minivec2vec never fits from the pairs, which would only judge its map; two or more seed pairs seed it."""
     if method is None and paired and not seeded:
         raise InputError(f"\"paired\": true needs a method: one of {', '.join(map_ops.SUPERVISED)} fits from the "
                          f"pairs (minivec2vec, the default for unpaired sets, would fit without them)")
@@ -103,7 +104,7 @@ def create_fit(body: bytes, request, state, settings):
     obj = parse_json(body)
     given = [k for k in UNPAIRED if obj.get(k) is not None]  # vectors are read below, not by the model (slow)
     opts = validate(FitRequest, {**obj, "source": {}, "target": {}, **{k: {} for k in given}})
-    method = _method(opts.method, opts.paired, bool(opts.seed_pairs))
+    method = _method(opts.method, opts.paired, len(opts.seed_pairs or ()) >= 2)  # minivec2vec's seeded mode
     paired = opts.paired if opts.paired is not None else method in map_ops.SUPERVISED  # as the CLI decides
     map_ops.check_fit_request(state.registry, name=opts.name, method=method, paired=paired,
                               source_space=opts.source_space, target_space=opts.target_space, alias=opts.alias,
