@@ -11,7 +11,7 @@ import align
 from align.exceptions import (DegenerateInputError, DimensionMismatchError, InputError, NonFiniteError,
                               PairCountError)
 from align.frames import unit_rows
-from align.retrieval import (CHANCE_LEVEL, MAX_INTERVAL_WIDTH, chance_p_value, hubness, labelled_retrieval,
+from align.retrieval import (CHANCE_LEVEL, MIN_NATIVE_HITS, chance_p_value, expected_hits, hubness, labelled_retrieval,
                              relevant_ranks, retention_interval)
 
 
@@ -370,12 +370,14 @@ def test_chance_p_value_is_the_binomial_upper_tail():
     for hits, q, rate in ((0, 50, 0.1), (2, 600, 10 / 2999), (7, 30, 0.05), (30, 30, 0.9), (5, 20, 1.0)):
         brute = sum(comb(q, i) * rate ** i * (1 - rate) ** (q - i) for i in range(hits, q + 1))
         assert chance_p_value(hits, q, rate) == pytest.approx(min(1.0, brute), rel=1e-9, abs=1e-12)
+    # the hits a random ranking expects, as the reason prints them: 5 queries over 2,999 documents were "0.0"
+    assert [expected_hits(q, r) for q, r in ((5, 10 / 2999), (600, 10 / 2999), (12, 1.2))] == ["0.017", "2.0", "12.0"]
 
 
-def test_a_native_figure_at_chance_or_an_interval_too_wide_decides_no_gate():
+def test_a_native_figure_at_chance_or_on_too_few_hits_decides_no_gate():
     """Queries of another model than the native documents (a query-side map evaluated corpus-side) hit at chance: a
     retention 2.0 on 2 native hits of 600 PASSed a 0.6 gate. ``undecided`` now says why; the right queries leave it
-    None. Queries that hit natively far above chance but only a few times leave an interval too wide to say anything."""
+    None. Queries that hit natively far above chance but only a few times leave a ratio that says nothing."""
     X, Y, Q, rel, R = _corpus(n=400, q=120, seed=5, query_noise=0.3)
     fwd = align.LinearMap(R.astype(np.float32))
     good = align.labelled_retention(fwd, X, Y, Q, rel)
@@ -384,14 +386,27 @@ def test_a_native_figure_at_chance_or_an_interval_too_wide_decides_no_gate():
     bad = align.labelled_retention(fwd, X, Y, other, rel)
     assert bad["native_hits"] == round(bad["native"]["R@10"] * len(rel))
     assert bad["chance_p"] >= CHANCE_LEVEL and "no better than a random ranking" in bad["undecided"]
-    # 6 queries, 3 of which hit natively (10 of 400 at random: 0.15 expected): far above chance, but a ratio of so
-    # few hits has an interval spanning [0, 1]: it says nothing
+    # 6 queries, 3 of which hit natively (10 of 400 at random: 0.15 expected): far above chance, but a ratio of 3
     rng = np.random.default_rng(2)
     few = np.concatenate([Y[rel[:3]], rng.normal(size=(3, 16)).astype(np.float32)])
     noisy = align.LinearMap(R.astype(np.float32) + 0.5 * rng.normal(size=(16, 16)).astype(np.float32))
     res = align.labelled_retention(noisy, X, Y, few, rel[:6])
-    lo, hi = res["retention_interval"]["R@10"]
-    assert res["chance_p"] < CHANCE_LEVEL and res["native_hits"] == 3 and hi - lo >= MAX_INTERVAL_WIDTH
-    assert "too wide" in res["undecided"]
-    kept = align.labelled_retention(fwd, X, Y, few, rel[:6])     # the exact map keeps all 3: [1, 1], decided
-    assert kept["undecided"] is None and kept["retention"]["R@10"] == 1.0
+    assert res["chance_p"] < CHANCE_LEVEL and res["native_hits"] == 3 < MIN_NATIVE_HITS
+    assert "fewer than the 5" in res["undecided"]
+
+
+def test_few_native_hits_are_undecided_by_their_count_not_by_the_bootstrap_seed():
+    """The interval-width rule (width >= 1 decides nothing) judged the same hits by the bootstrap's seed ([0.5, 1.5]
+    refused for seeds 0-7, judged for 8) and let 3 of 3 kept ([1, 1]) decide a 0.9 gate. Now the native hits are
+    counted: below MIN_NATIVE_HITS undecided at every seed, from it on decided at every seed."""
+    X, Y, _, rel, R = _corpus(n=400, q=120, seed=5, query_noise=0.3)
+    exact = align.LinearMap(R.astype(np.float32))
+    for hits in (2, 3, MIN_NATIVE_HITS - 1, MIN_NATIVE_HITS, MIN_NATIVE_HITS + 3):   # 2 of 4 is above chance
+        Q = np.concatenate([Y[rel[:hits]], -Y[rel[hits:hits + 2]]])     # 2 queries whose document is the farthest
+        seen = {}
+        for seed in range(12):
+            res = align.labelled_retention(exact, X, Y, Q, rel[:hits + 2], random_state=seed)
+            assert res["native_hits"] == hits and res["retention"]["R@10"] == 1.0 and res["chance_p"] < CHANCE_LEVEL
+            seen[seed] = res["undecided"]
+        assert len(set(seen.values())) == 1, (hits, seen)          # the same counts, the same answer at every seed
+        assert (seen[0] is None) is (hits >= MIN_NATIVE_HITS), (hits, seen[0])
