@@ -254,10 +254,11 @@ def _versus_old(lab: dict) -> str:
 @click.option("--min-retention", type=click.FloatRange(0, 1), default=None,
               help="PASS/FAIL gate on retention: exit 1 when below. With --queries/--relevant, the retention of "
                    "labelled retrieval (R@10 migrated / native over the held-out documents; when no query finds its "
-                   "relevant document natively, or native R@10 is no better than chance, the gate exits 2); "
-                   "otherwise the proxy nn_retention@10 (each native target row's nearest native row must stay in "
-                   "the top 10 of the mapped source rows; share kept; needs at least 12 distinct held-out pairs, and "
-                   "enough that a random map does not reach the gate: exit 2 on fewer). "
+                   "relevant document natively, native R@10 is no better than chance, or fewer than 5 queries find it, "
+                   "the gate exits 2); otherwise the proxy nn_retention@10 (each native target row's nearest native "
+                   "row must stay in the top 10 of the mapped source rows; share kept; needs at least 12 distinct "
+                   "held-out pairs, exit 2 on fewer; a pass that a random map would match 1% of the time or more exits "
+                   "2 too: at least 15 pairs for a perfect map). "
                    "That is among the held-out rows alone, without distractors: not the nn_retention@10 of "
                    "`vecbridge plan`, a ratio to native search with up to 8,192 mapped rows of the old corpus beside "
                    "them, which differs for the same map.")
@@ -350,7 +351,8 @@ def eval_cmd(obj: Ctx, ref, min_top1, min_retention, queries_path, queries_rows,
                  + (f" (95% interval {r['retention_interval'][0]:.4f}-{r['retention_interval'][1]:.4f})"
                     if r.get("retention_interval") else ""))
         if lab.get("undecided") and min_retention is None:  # with a gate: exit 2 with this reason
-            text += f"\n  this retention decides no gate: {lab['undecided']}"
+            text += (f"\n  this retention decides no gate{' and is not recorded' if record else ''}: "
+                     f"{lab['undecided']}")
         if "labelled_plain" in r:
             plain = r["labelled_plain"]
             text += (f"\n  with CSLS search (w {lab['csls_weight']:g}); plain cosine search: R@10 "

@@ -30,7 +30,7 @@ import numpy as np
 import align
 from align.exceptions import InputError
 from align.frames import unit_rows
-from align.retrieval import CHANCE_LEVEL, chance_p_value
+from align.retrieval import CHANCE_LEVEL, chance_p_value, expected_hits
 from align.validation import distinct_pairs
 
 from ..indexes.csls import CSLS_WEIGHT
@@ -157,26 +157,31 @@ def retention_gate(map_, X: np.ndarray, Y: np.ndarray, *, min_retention: float |
 
 
 def _undecided(res: dict, gate: float) -> str | None:
-    """Why ``res`` (of :func:`retention_gate`) can neither pass nor fail a gate at ``gate``; None when it can.
-    Labelled: :func:`align.labelled_retention`'s ``undecided`` (native R@10 none or at chance, or an interval too
-    wide: a query-side map evaluated corpus-side PASSed on native R@10 10 of 2,999 at retention 2.0). Proxy: undefined
-    below 12 pairs, and a random map's ``nn_retention@10`` (each relevant row one of n - 1 candidates, in a random
-    top 10 with probability 10 / (n - 1)) must reach the gate less than :data:`align.retrieval.CHANCE_LEVEL` of the
-    time (a map given its files the wrong way round PASSed 0.6 on 12-20 pairs); a gate of 0 is not refused."""
+    """Why ``res`` (of :func:`retention_gate`) can neither pass nor fail the retention gate ``gate``; None when it
+    can. The figure is judged, not the gate. Labelled: :func:`align.labelled_retention`'s ``undecided`` (native
+    R@10 none or at chance, or fewer native hits than :data:`align.retrieval.MIN_NATIVE_HITS`: a query-side map
+    evaluated corpus-side PASSed on native R@10 10 of 2,999 at retention 2.0), at every gate. Proxy: undefined below
+    12 pairs; and a PASS of a map that keeps no more rows than a random map keeps at least
+    :data:`align.retrieval.CHANCE_LEVEL` of the time (each relevant row one of n - 1 candidates, in a random top 10
+    with probability 10 / (n - 1)): a map given its files the wrong way round PASSed 0.6 on 12-20 pairs, and the
+    earlier rule, asking whether a random map reached the gate, refused a perfect map on 50 pairs at 0.1. A perfect
+    map is judged at every gate from 15 pairs on (a random map keeps all 15 0.6 % of the time). A FAIL of a map at
+    chance stands: a map no better than a random one fails the gate it fails, and more pairs would not lift it."""
     if "labelled" in res:
         why = res["labelled"]["undecided"]
         return why and (f"{why}; give labelled queries and documents of one model each, scored on the side the map "
-                        f"serves (corpus-side, or query-side: --side source), or more of them")
+                        f'serves (corpus-side, or query-side: --side source, "side": "source" over HTTP), or more '
+                        f"of them")
     n, q = res["n_pairs"], res["n_queries"]
     if not np.isfinite(res["retention"]):
         return (f"it is undefined: it needs at least 12 distinct held-out pairs (a query, its nearest other row and "
                 f"10 more), got {n}; give more held-out pairs")
-    rate, need = min(1.0, 10 / (n - 1)), int(np.ceil(gate * q - 1e-9))
-    p = chance_p_value(need, q, rate)
-    if need > 0 and p >= CHANCE_LEVEL:  # a gate of 0 every map passes by its own terms, on any number of pairs
-        return (f"with {n} held-out pairs each relevant row is one of {n - 1} candidates, in a random top 10 "
-                f"{rate:.0%} of the time, so a random map reaches {gate} {p:.0%} of the time; give more held-out "
-                f"pairs")
+    rate, hits = min(1.0, 10 / (n - 1)), round(res["retention"] * q)
+    p = chance_p_value(hits, q, rate)
+    if p >= CHANCE_LEVEL and res["retention"] >= gate:
+        return (f"it kept {hits} of {q} rows, and with {n} held-out pairs each relevant row is one of {n - 1} "
+                f"candidates, in a random top 10 {rate:.0%} of the time ({expected_hits(q, rate)} rows expected): a "
+                f"random map keeps as many {p:.0%} of the time, so its pass says nothing; give more held-out pairs")
     return None
 
 
@@ -214,7 +219,9 @@ def evaluate_map(registry, ref: str, X: np.ndarray, Y: np.ndarray, *, csls: bool
     ``record`` stores top-1, mean rank, cosine, recall@10, the candidate count and the rows ranked
     (``n_queries``) as tags ``eval.*`` on the version (they rank paths), with ``eval.top1_interval`` when a sample
     was ranked (JSON ``[low, high]``; tags are text), and with labelled ``queries`` / ``relevant`` (see
-    :func:`retention_gate`) the labelled retention as ``eval.labelled_retention`` (none when it is undefined).
+    :func:`retention_gate`) the labelled retention as ``eval.labelled_retention``: none when it decides no gate
+    (``retrieval.labelled.undecided``: undefined, at chance or on too few native hits; a retention 2.0 at chance
+    replaced a good earlier one), and an earlier one is then dropped, as the other ``eval.*`` tags are this run's.
     With ``csls``, labelled retention is of CSLS search with ``csls_weight`` (the service's default 0.5) and the
     plain one is kept as ``retrieval.labelled_plain``.
 
@@ -265,8 +272,9 @@ def evaluate_map(registry, ref: str, X: np.ndarray, Y: np.ndarray, *, csls: bool
             registry.set_tag(v.name, v.version, "eval.top1_interval", json.dumps(list(res["intervals"]["top1"])))
         elif "eval.top1_interval" in (v.tags or {}):  # every pair ranked now: an earlier sample's interval is stale
             registry.delete_tag(v.name, v.version, "eval.top1_interval")
-        if "labelled" in res["retrieval"] and res["retention"] is not None:
+        lab = res["retrieval"].get("labelled")
+        if lab is not None and not lab["undecided"]:
             registry.set_tag(v.name, v.version, "eval.labelled_retention", res["retention"])
-        elif "labelled" in res["retrieval"] and "eval.labelled_retention" in (v.tags or {}):  # undefined now: stale
-            registry.delete_tag(v.name, v.version, "eval.labelled_retention")
+        elif lab is not None and "eval.labelled_retention" in (v.tags or {}):  # undefined or at chance now: stale
+            registry.delete_tag(v.name, v.version, "eval.labelled_retention")  # (the other eval.* are of this run)
     return res

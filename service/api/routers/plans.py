@@ -91,16 +91,18 @@ returns, with the native target rows) and recall@10 of the pairs, and `retrieval
 overlap@10, the proxy `nn_retention@10`). With labelled `queries` and each one's `relevant` row,
 `retrieval.labelled` holds R@1, R@10, nDCG@10 and MRR of those queries over the mapped and over the
 native documents and their retention (`retention_interval`: the 95 % bootstrap interval of the R@10
-retention over the queries; with a gate, `gate_within_interval` says the queries cannot decide it)
+retention over the queries; with a gate, `gate_within_interval` says the queries cannot decide it;
+`native_hits`: the queries whose relevant document is in the native top 10, `chance_p`: how often a random top 10
+has as many, `undecided`: why the R@10 retention decides no gate, else null)
 (with `old_queries`, the same queries under the old model, also
 `old`: keeping the old model, and `beats_old`), and `retention` is the labelled R@10 retention (`side`
 `target`: corpus-side, the queries are target-model vectors; `source`: query-side, the queries are
 source-model vectors the map moves into the target index). `min_retention` / `min_top1` add
 `result`: `PASS` or `FAIL` (still 200: the gate's verdict is data; `retention` is null when no query finds its
-relevant document natively, and a `min_retention` gate on it is a 422; so is a gate on a native R@10 no better
-than chance, on a retention interval 1 wide or wider, or on `nn_retention@10` of so few pairs that a random map
-reaches the gate). Each vector set is `vectors` or
-`vectors_b64` + `dim`. Above `max_queries` held-out pairs (default {EVAL_MAX_QUERIES:,}) the pair figures rank a
+relevant document natively, and a `min_retention` gate on it is a 422; so is a gate on a labelled retention that
+is `undecided` (native R@10 no better than chance, or fewer than 5 native hits), and a pass of an `nn_retention@10`
+that a random map reaches at least 1 % of the time: at least 15 pairs for a perfect map, at every gate). Each
+vector set is `vectors` or `vectors_b64` + `dim`. Above `max_queries` held-out pairs (default {EVAL_MAX_QUERIES:,}) the pair figures rank a
 sample of that many (drawn with `random_state`) against all of them: `n_queries` says how many, `intervals` (here and
 in `retrieval`) the 95 % interval of each share.
 """
