@@ -272,7 +272,8 @@ DEFAULT_ARTIFACTS = "artifacts"
 def _recorded_folders(data_dir, artifact_dir) -> dict:
     """``data_dir`` and ``artifact_dir`` as a checkpoint records them (absolute). The data dir's own artifact folder
     is None (:func:`_artifact_dir_of` reads it so): a release before ``vecbridge --artifact-dir`` refused to resume
-    a checkpoint naming any (replicas of two releases on one data dir during an upgrade)."""
+    a checkpoint naming any (replicas of two releases on one data dir during an upgrade; a run keeping re-embedded
+    rows records its keep files, which such a release still compares)."""
     data, art = (None if v is None else Path(v).expanduser().resolve() for v in (data_dir, artifact_dir))
     own = data is not None and art == (data / DEFAULT_ARTIFACTS).resolve()
     return {"data_dir": data and str(data), "artifact_dir": None if own or art is None else str(art)}
