@@ -27,7 +27,8 @@ from .frames import Frame, unit_rows
 from .knn import knn, knn_blocks
 from .learning_curve import _curve_fit, fit_learning_curve, forecast, forecast_per_k, kept_forecast
 from .options import check_callable, check_flag, check_number
-from .plan_checks import check_curve_informative, check_pairs_beyond_chance, same_up_to_rotation, short_of_target
+from .plan_checks import (best_migrating, check_curve_informative, check_pairs_beyond_chance,
+                          check_queries_find_relevant, same_up_to_rotation, short_of_target)
 from .retrieval import overlap_without_self, relevant_ranks
 
 __all__ = ["select_rows_to_embed", "knn_overlap", "plan_migration", "fit_learning_curve", "forecast", "forecast_per_k",
@@ -317,7 +318,8 @@ def plan_migration(X_old, probe_src, probe_tgt, *, random_state=0, target_retent
     names : what the error messages call ``X_old``, ``probe_src`` and ``probe_tgt`` (a caller's own names for them,
         e.g. its command-line options or JSON fields).
     rows_k : ``rows_to_embed`` for this many rows (a budget, 1 to n) instead of the recommended K, drawn where and
-        as the plan draws its own: the recommended K given as ``rows_k`` gives the plan's own rows.
+        as the plan draws its own: the recommended K given as ``rows_k`` gives the plan's own rows (n: every row,
+        unlisted, as the whole corpus's).
     keep : the migration keeps its K re-embedded rows' own new-model vectors (``transform --keep-rows``,
         ``migrate --keep-ids``, :func:`align.keep_native_rows`): the recommendation (3.) reads each K's ``kept``
         forecast instead of ``retention``, never a larger K (``kept`` ≥ ``retention``). Not with ``old_is_sample``.
@@ -341,16 +343,20 @@ def plan_migration(X_old, probe_src, probe_tgt, *, random_state=0, target_retent
        ``auto`` may fit another family, which the interval does not forecast: see :data:`AUTO_NOTE`), and
        ``select_rows_to_embed`` (k-means++) rows of ``X_old`` for that K. When no K that migrates reaches it,
        re-embedding every row is the only choice predicted to: the recommended K is the corpus size,
-       ``whole_corpus`` says so, ``migration_reaches_target`` is False, ``best_migrating`` holds the best K with
+       ``whole_corpus`` says so (nothing is fitted: ``method`` / ``forecast_method`` are the best migrating
+       K's), ``migration_reaches_target`` is False, ``best_migrating`` holds the best K with
        its forecast, and a note sets the choices side by side (re-embed every row, migrate at that K, keep the old
        model; :func:`align.plan_checks.short_of_target`). It had recommended the largest K, forecast far below
        the target, and said only "the largest is recommended". With ``old_is_sample`` (no corpus size) the
-       largest K is recommended and a note says none reaches. The target K of at least the corpus size are one
+       largest K is recommended, ``migration_reaches_target`` is False with ``best_migrating``, and a
+       note says none reaches. The target K of at least the corpus size are one
        forecast row at the corpus size, retention 1 with ``whole_corpus``.
     0. Refusals before any recommendation: a probe whose pairs look unpaired (its kNN@10 overlap within
        :data:`align.plan_checks.PAIRED_Z` standard errors of chance: DegenerateInputError), and a curve with less
        than one held-out hit per fit on average over its points (a probe too small for the space:
-       TooFewRowsError, naming the probe size that would do). Identical neighbourhoods (alignability ≥ 0.99)
+       TooFewRowsError, naming the probe size that would do); labelled queries none of which finds its relevant
+       probe row with one of the models (the ratio is undefined: InputError naming which). Identical
+       neighbourhoods (alignability ≥ 0.99)
        add a note that the spaces are the same up to a rotation.
     4. With labelled queries whose measured retention exceeds 1 at some curve point (the migrated index's R@10,
        exact, above the native estimate), that estimate is inconsistent: the plan is the one without them (the
@@ -366,7 +372,8 @@ def plan_migration(X_old, probe_src, probe_tgt, *, random_state=0, target_retent
     old model is predicted to do as well; ``labelled`` instead when their estimate is inconsistent, see 4.),
     ``recommended`` (``method``, ``forecast_method``, ``k``, ``whole_corpus``, ``forecast``: the forecast it read,
     ``"retention"`` or with ``keep`` ``"kept"``), ``rows_to_embed`` (indices; empty
-    with ``select_rows=False``, for callers such as a fit report that only want the forecast), ``notes``.
+    with ``select_rows=False``, for callers such as a fit report that only want the forecast, and when the rows are
+    every row of ``X_old``: ``rows_to_embed_all`` True, the rows ``0..n-1`` unlisted), ``notes``.
     """
     from .migration import _Problem, _fit_procrustes, _ridge
 
@@ -425,6 +432,8 @@ def plan_migration(X_old, probe_src, probe_tgt, *, random_state=0, target_retent
     dup = S_dup[:, 0] >= 0.9999
     if lab is not None:
         lab.prepare(val, extra, ~dup, rng)
+        check_queries_find_relevant(float(lab.nat_fall[:, -1].mean()), float(lab.old_fall[:, -1].mean()),
+                                    int(lab.Q.shape[0]))  # else every curve point is a ratio over 0
     others = ~(dup & np.isin(I_dup[:, 0], val))  # the maps' distractors: all but the held-out texts
     if lab is None and not others.all():  # a sample of the corpus (the labelled estimate searches it with others)
         extra = extra[others]
@@ -469,7 +478,8 @@ def plan_migration(X_old, probe_src, probe_tgt, *, random_state=0, target_retent
                 target_ks=target_ks, repeats=repeats, methods=methods, distractors=distractors,
                 select_rows=select_rows, old_is_sample=old_is_sample, progress=progress, names=names, rows_k=rows_k,
                 keep=keep))
-    check_curve_informative(curve, val.size if lab is None else int(lab.Q.shape[0]), top, A.shape[1], p)
+    check_curve_informative(curve, val.size if lab is None else int(lab.Q.shape[0]), top, A.shape[1], p,
+                            labelled=lab is not None)
     fits = {m: _curve_fit(curve[m], lab is not None) for m in methods}
     best = max(methods, key=lambda m: curve[m][-1]["mean"])  # at the probe's largest K
     predicted = forecast_per_k(fits, best, target_ks, top, dim=A.shape[1])
@@ -494,6 +504,7 @@ def plan_migration(X_old, probe_src, probe_tgt, *, random_state=0, target_retent
     if not reach and migrating and not old_is_sample:
         short = short_of_target(migrating, read, target_retention, int(n_old), kept_rows,
                                 None if native is None else native["old_corpus"])
+    best_mig = short[0] if short else best_migrating(migrating, read) if not reach and migrating else None
     if reach:
         rec = min(reach, key=lambda q: q["k"])
     elif old_is_sample:
@@ -507,8 +518,9 @@ def plan_migration(X_old, probe_src, probe_tgt, *, random_state=0, target_retent
     if short is not None:
         notes.append(short[1])
     elif not reach and old_is_sample:  # a sample of a corpus of unknown size (a fit report): no whole corpus
-        notes.append(f"no K in {list(target_ks)} is predicted to reach retention {target_retention}{kept_rows}; "
-                     f"the largest is recommended")
+        notes.append(f"no K in {list(target_ks)} is predicted to reach retention {target_retention}{kept_rows}: "
+                     f"re-embedding the whole corpus is the only choice predicted to (this plan's rows are a sample "
+                     f"of it, so it cannot size it); recommended.k is the largest K, best_migrating the best")
     elif k_rec == n_old:  # every target K re-embeds the whole corpus
         notes.append(f"the recommended K is the whole old corpus ({n_old} rows): every K of {list(target_ks)} is at "
                      f"least its size, so re-embed every row with the new model instead of migrating")
@@ -543,10 +555,12 @@ def plan_migration(X_old, probe_src, probe_tgt, *, random_state=0, target_retent
         notes.append(f"{n_given - p} of the {n_given} probe pairs repeat another pair: the plan is of the {p} distinct "
                      f"ones")
     report("rows to re-embed", 0.0)
-    every = rows_k is None and k_rows == Xo.shape[0]  # every row: no k-means++ over the whole corpus to pick them all
-    chosen = (distinct_rows_to_embed(Xo, rows_k or k_rows, method="random" if every else "kmeans++",
-                                     random_state=rng)[0].tolist() if select_rows else [])
-    if select_rows and len(chosen) < (rows_k or k_rows):  # copies in the corpus: said here, not as a warning
+    # every row (the whole corpus, or rows_k = its size): not listed (a 1M-row corpus made 7.9 MB of JSON), nor
+    # picked by k-means++ over the whole corpus; rows_to_embed_all says so
+    every = select_rows and (rows_k or k_rows) == Xo.shape[0]
+    chosen = (distinct_rows_to_embed(Xo, rows_k or k_rows, random_state=rng)[0].tolist()
+              if select_rows and not every else [])
+    if select_rows and not every and len(chosen) < (rows_k or k_rows):  # copies in the corpus: said here
         notes.append(f"rows_to_embed holds {len(chosen)} rows, not {rows_k or k_rows}: the old corpus has only "
                      f"{len(chosen)} distinct rows (the others are copies; re-embedding a copy adds no pair)")
     report("rows to re-embed", 1.0)
@@ -562,9 +576,9 @@ def plan_migration(X_old, probe_src, probe_tgt, *, random_state=0, target_retent
         "recommended": {"method": "auto" if k_rec >= 1000 else rec["method"], "forecast_method": rec["method"],
                         "k": k_rec, "whole_corpus": bool(k_rec == n_old),
                         "forecast": "kept" if keep else "retention", "migration_reaches_target": bool(reach),
-                        **({} if short is None else {"best_migrating": {
-                            "k": short[0]["k"], "method": "auto" if short[0]["k"] >= 1000 else short[0]["method"],
-                            **{key: read(short[0])[key] for key in ("retention", "low", "high")}}})},
-        "rows_to_embed": chosen,
+                        **({} if best_mig is None else {"best_migrating": {
+                            "k": best_mig["k"], "method": "auto" if best_mig["k"] >= 1000 else best_mig["method"],
+                            **{key: read(best_mig)[key] for key in ("retention", "low", "high")}}})},
+        "rows_to_embed": chosen, "rows_to_embed_all": bool(every),
         "notes": notes,
     }

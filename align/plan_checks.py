@@ -4,11 +4,15 @@
 - :func:`check_pairs_beyond_chance` — a probe whose rows are not the same texts (one file shuffled, another
   ``--probe-rows``) has a kNN overlap at chance: refused, naming the row order, where the plan used to say
   "alignability 0.002 < 0.4 ... use pairs" to a user who was using pairs.
+- :func:`check_queries_find_relevant` — labelled queries none of which finds its relevant probe row with one of
+  the models: their retention is a ratio over 0 (every curve point NaN), refused naming the queries and
+  ``relevant``, where the plan used to call the probe too small.
 - :func:`check_curve_informative` — a learning curve with less than one held-out hit per fit on average (every
-  point 0, or a stray hit: a probe far too small for the space) forecasts nothing: refused with the probe size that would, where the
-  plan used to recommend re-embedding every row from it.
+  point 0, or a stray hit: a probe far too small for the space) forecasts nothing: refused with the probe size
+  that would, where the plan used to recommend re-embedding every row from it.
 - :func:`short_of_target` — no migrating K reaches the target: the note that says so and sets the three choices
-  side by side (re-embed every row, migrate at the best K with its forecast, keep the old model).
+  side by side (re-embed every row, migrate at the best K with its forecast, keep the old model);
+  :func:`best_migrating` that best K (also of a plan of a corpus sample, a fit report's).
 - :func:`same_up_to_rotation` — identical neighbourhoods (alignability ~1): the note that the spaces are the same
   up to a rotation.
 """
@@ -17,7 +21,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .exceptions import DegenerateInputError, TooFewRowsError
+from .exceptions import DegenerateInputError, InputError, TooFewRowsError
 
 #: one-sided z of the probe's kNN overlap above chance under which its pairs are read as unpaired. WordNet rows
 #: 32,768+, one side shuffled (five draws each): z -2.4..2.4 on 1,000 pairs, -1.0..0.9 on 50 (the rows are not
@@ -57,13 +61,31 @@ def check_pairs_beyond_chance(raw_overlap: float, p: int, names: tuple[str, str]
             f"a map could learn. A fit on these pairs would be flagged unreliable (its top-1 could be chance)")
 
 
-def check_curve_informative(curve: dict, n_heldout: int, top: int, dim: int, p: int) -> None:
+def check_queries_find_relevant(new_r10: float, old_r10: float, n_queries: int) -> None:
+    """Refuse labelled queries whose R@10 over the probe is 0 with the new model (``new_r10``) or the old one
+    (``old_r10``): the native estimate their retention is a ratio over is then 0 and every curve point NaN, which
+    the plan reported as a probe too small to forecast ("averages nan ... give a probe of at least 200 pairs")
+    although the cause is the queries or their relevant rows."""
+    none = [m for m, r in (("the new model (queries)", new_r10), ("the old model (old_queries)", old_r10)) if r == 0]
+    if not none:
+        return
+    raise InputError(
+        f"none of the {n_queries} labelled queries finds its relevant probe row among its top 10 with "
+        f"{' or with '.join(none)} (R@10 over the probe: new {new_r10:.3f}, old {old_r10:.3f}), so their retention, "
+        f"a ratio over that R@10, is undefined and there is nothing to forecast. The cause is the queries or "
+        f"relevant, not the probe's size: check that relevant[i] is the probe row (0-based, in the probe's order) of "
+        f"query i's document, that queries and old_queries hold the same queries in relevant's order, and that each "
+        f"is of the model its side says")
+
+
+def check_curve_informative(curve: dict, n_heldout: int, top: int, dim: int, p: int, labelled: bool = False) -> None:
     """Refuse a learning curve that averages less than one held-out hit per fit over all its points: a 50-pair
     WordNet minilm->e5 probe measured 0 at every point on a 40,960-row corpus and a stray hit or two among 25
     held-out pairs on smaller ones (0.02 on average), where 1,000 pairs measured 0.29 at K = 100. Such a curve
-    carries no forecast, and the plan recommended re-embedding every row from it."""
+    carries no forecast, and the plan recommended re-embedding every row from it. ``labelled``: the curve is of
+    ``n_heldout`` labelled queries, not held-out pairs."""
     points = [q["mean"] for qs in curve.values() for q in qs]
-    mean = float(np.mean(points))
+    mean = float(np.nanmean(points)) if np.isfinite(points).any() else 0.0
     if mean >= 1.0 / n_heldout:
         return
     need = max(200, 2 * dim)
@@ -71,16 +93,23 @@ def check_curve_informative(curve: dict, n_heldout: int, top: int, dim: int, p: 
            if top < dim else f"its maps of up to {top} pairs found almost no held-out row's neighbours")
     raise TooFewRowsError(
         f"the probe is too small to forecast: its learning curve averages {mean:.3f} over its {len(points)} points "
-        f"(at most {max(points):.3f}), less than one hit per fit among its {n_heldout} held-out pairs (K up to "
+        f"(at most {np.nanmax(points + [0.0]):.3f}), less than one hit per fit among its {n_heldout} "
+        f"{'labelled queries' if labelled else 'held-out pairs'} (K up to "
         f"{top}): {why}, so the curve says nothing of any K and no K is recommended. Give a probe of at least "
         f"{need} pairs (the plan fits its maps on half of them; {p} given)")
+
+
+def best_migrating(predicted: list[dict], read) -> dict:
+    """The best of the K that migrate when none reaches the target: the highest forecast ``read(q)``, the smallest
+    K among equals (to 3 decimals)."""
+    return max(predicted, key=lambda q: (round(read(q)["retention"], 3), -q["k"]))
 
 
 def short_of_target(predicted: list[dict], read, target: float, n_old: int, kept_rows: str,
                     old_r10: float | None) -> tuple[dict, str]:
     """When no K that migrates reaches ``target`` (``read(q)``: the forecast a K is judged by): the best of them
     (the highest forecast, the smallest K among equals) and the note that sets the choices side by side."""
-    best = max(predicted, key=lambda q: (round(read(q)["retention"], 3), -q["k"]))
+    best = best_migrating(predicted, read)
     f = read(best)
     stay = (f"; or keep the old model: nothing to re-embed (its R@10 of your queries over the corpus: {old_r10:.3f})"
             if old_r10 is not None else "; or keep the old model: nothing to re-embed, and none of the new model's "

@@ -220,13 +220,20 @@ def _plan_section(plan: dict, k_fit: int | None) -> str:
     of = (f" The forecast is of {html.escape(str(of))}, not of {html.escape(str(rec['method']))}: see the notes."
           if of != rec["method"] else "")
     notes = "".join(f"<li>{html.escape(n)}</li>" for n in plan["notes"])
+    best = rec.get("best_migrating")  # none reaches the target: the plan's verdict, never "K = 10000" of 4,096 pairs
+    verdict = (f"recommended: method {html.escape(str(rec['method']))}, K = {rec['k']} (target proxy retention "
+               f"{plan['target_retention']:g}; the notes say when no K reaches it).{of}" if best is None else
+               f"no K is predicted to reach the target proxy retention {plan['target_retention']:g}: the best, K = "
+               f"{best['k']} (method {html.escape(str(best['method']))}), is forecast {best['retention']:.3f} "
+               f"[{best['low']:.3f}, {best['high']:.3f}]. Re-embedding the whole corpus with the new model is the only "
+               f"choice predicted to reach it (<code>vecbridge plan</code> with the corpus sets the choices side by "
+               f"side).")
     return (f"<h2>Migration plan (from a probe of these pairs)</h2>"
             f"<p>alignability (kNN@10 overlap of the two spaces on {plan['n_probe']} probe pairs): "
             f"<b>{plan['alignability']:.3f}</b> beyond chance (raw {plan['knn_overlap']:.3f}) — "
             f"unsupervised alignment "
             f"{'possible' if plan['unsupervised_feasible'] else 'not expected to work (below ~0.4)'}; "
-            f"recommended: method {html.escape(str(rec['method']))}, K = {rec['k']} (target proxy retention "
-            f"{plan['target_retention']:g}; the notes say when no K reaches it).{of}</p>"
+            f"{verdict}</p>"
             f"<table><tr><th>K</th><th>method</th><th>proxy retention</th><th>interval</th><th></th></tr>{rows}</table>"
             f"<img alt='retention proxy vs pairs' src='data:image/png;base64,{_png(_plan_figure(plan, k_fit))}'>"
             f"<ul>{notes}</ul>")

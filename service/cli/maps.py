@@ -390,7 +390,8 @@ def eval_cmd(obj: Ctx, ref, min_top1, min_retention, queries_path, queries_rows,
 @random_state_opt
 @click.option("--rows-out", type=click.Path(dir_okay=False), default=None,
               help="Write the recommended rows to re-embed (.npy int64 indices into --old; --json lists them as "
-                   "rows_to_embed either way): `fit --source-rows` and `transform --rows` take the file.")
+                   "rows_to_embed either way, except every row of --old: rows_to_embed_all, written here only): "
+                   "`fit --source-rows` and `transform --rows` take the file.")
 @click.option("--k", "rows_k", type=click.IntRange(1), default=None,
               help="Give the rows to re-embed (--rows-out, rows_to_embed) for this many rows, a budget of yours, "
                    "instead of for the recommended K (drawn as the plan draws its own, with --random-state).")
@@ -442,13 +443,16 @@ def plan_cmd(obj: Ctx, old, old_rows, probe_source, probe_target, probe_rows, ta
                    k=rows_k, k_name="--k", keep=keep)
     finally:
         close()
+    picked = np.arange(X_old.shape[0])
     if old_rows is not None:  # the plan numbers the rows it was given: rows_to_embed index --old itself (as
         # --rows-out says); --old-rows a START:STOP range or a file of row indices alike
         picked = np.arange(count_rows(old))[resolve_rows(parse_rows(old_rows), count_rows(old), old)]
         res["rows_to_embed"] = [int(picked[i]) for i in res["rows_to_embed"]]
+    # every row of the plan's corpus: not listed in the JSON (1M rows made 7.9 MB), written by --rows-out only
+    rows = picked if res.get("rows_to_embed_all") else res["rows_to_embed"]
     if rows_out is not None:
         buf = io.BytesIO()
-        np.save(buf, np.asarray(res["rows_to_embed"], dtype=np.int64), allow_pickle=False)
+        np.save(buf, np.asarray(rows, dtype=np.int64), allow_pickle=False)
         atomic_write(rows_out, buf.getvalue())  # a crash or a full disk never leaves half a rows file
         res["rows_out"] = str(Path(rows_out).resolve())
     lines = [f"alignability (kNN@10 overlap on {res['n_probe']} probe pairs, beyond chance): {res['alignability']:.3f}"
@@ -483,8 +487,10 @@ def plan_cmd(obj: Ctx, old, old_rows, probe_source, probe_target, probe_rows, ta
                  + (f"; the forecast is of {rec['forecast_method']}, not of auto (see the notes)"
                     if rec["method"] != rec["forecast_method"] and not rec["whole_corpus"] else ""))
     if rows_k is not None:
-        lines.append(f"rows to re-embed for --k {rows_k}: {len(res['rows_to_embed'])}"
-                     + (f" (written to {res['rows_out']})" if rows_out else " (rows_to_embed in --json)"))
+        lines.append(f"rows to re-embed for --k {rows_k}: {len(rows)}"
+                     + (" (every row of --old)" if res.get("rows_to_embed_all") else "")
+                     + (f" (written to {res['rows_out']})" if rows_out else
+                        "" if res.get("rows_to_embed_all") else " (rows_to_embed in --json)"))
     lines += [f"note: {n}" for n in res["notes"]]
     emit(res, as_json, "\n".join(lines))  # rows_to_embed: the indices (as POST /v1/plans), with --rows-out too
 

@@ -701,7 +701,8 @@ def test_plan_never_recommends_more_rows_than_the_old_corpus_has():
     Y = (np.tanh(X) @ rng.normal(size=(16, 16)) + rng.normal(size=(400, 16))).astype(np.float32)
     p = align.plan_migration(X, X[:200], Y[:200], target_retention=0.99)
     assert max(q["retention"] for q in p["predicted"] if q["k"] < 400) < 0.99
-    assert p["recommended"]["k"] == len(p["rows_to_embed"]) == 400 and p["recommended"]["whole_corpus"]
+    assert p["recommended"]["k"] == 400 and p["recommended"]["whole_corpus"]
+    assert p["rows_to_embed"] == [] and p["rows_to_embed_all"] is True  # every row: said, not listed
     assert p["recommended"]["migration_reaches_target"] is False  # and the note sets the choices side by side
     assert any("no K that migrates" in n and "re-embed every row (400;" in n for n in p["notes"])
     q = align.plan_migration(X, X[:200], Y[:200], target_retention=0.05)  # reached well inside the corpus

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import align
-from align.exceptions import DegenerateInputError, TooFewRowsError
+from align.exceptions import DegenerateInputError, InputError, TooFewRowsError
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +29,7 @@ def test_no_migrating_k_reaching_the_target_recommends_every_row_and_sets_the_ch
     assert rec["whole_corpus"] and rec["k"] == 3000 and rec["migration_reaches_target"] is False, rec
     assert rec["best_migrating"]["k"] == best["k"], rec
     assert rec["best_migrating"]["retention"] == pytest.approx(best["kept"]["retention"]), rec
-    assert sorted(res["rows_to_embed"]) == list(range(3000))  # every row, each once
+    assert res["rows_to_embed"] == [] and res["rows_to_embed_all"] is True  # every row: not listed (see below)
     note = next(n for n in res["notes"] if n.startswith("no K that migrates"))
     assert f"K = {best['k']:,}" in note and f"{best['kept']['retention']:.3f}" in note, note
     assert "re-embed every row (3,000" in note and "keep the old model" in note, note
@@ -71,3 +71,44 @@ def test_a_rotated_probe_is_said_to_be_the_same_space_up_to_a_rotation():
     assert any("same space up to a rotation" in n for n in res["notes"]), res["notes"]
     noisy = align.plan_migration(X, X[:400], X[:400] @ rot + 0.5 * rng.normal(size=(400, 16)), select_rows=False)
     assert not any("up to a rotation" in n for n in noisy["notes"]), noisy["notes"]
+
+
+def test_labelled_queries_that_never_find_their_relevant_row_are_refused_for_the_queries_not_the_probe(wn):
+    """Labelled queries none of which found its relevant probe row (every curve point NaN, a ratio over 0) were
+    refused as "the probe is too small to forecast: its learning curve averages nan ... Give a probe of at least 200
+    pairs": a 600-pair probe that plans fine. The refusal now names the queries and relevant, and which model."""
+    S, T = wn
+    A, B, rel = S[3000:], T[3000:], np.arange(0, 600, 3)
+    wrong = (rel + 300) % 600  # each query's relevant row off by half the probe: none finds its own
+    with pytest.raises(InputError, match="none of the 200 labelled queries finds its relevant probe row") as err:
+        align.plan_migration(S[:3000], A, B, queries=B[rel], old_queries=A[rel], relevant=wrong, select_rows=False)
+    msg = str(err.value)
+    assert "nan" not in msg and "too small" not in msg and "relevant[i] is the probe row" in msg, msg
+    assert "with the new model (queries)" in msg, msg
+    with pytest.raises(InputError, match=r"with the old model \(old_queries\) \(R@10 over the probe: new 1\.000"):
+        align.plan_migration(S[:3000], A, B, queries=B[rel], old_queries=-A[rel], relevant=rel, select_rows=False)
+    # the same queries with their right rows are planned
+    ok = align.plan_migration(S[:3000], A, B, queries=B[rel], old_queries=A[rel], relevant=rel, select_rows=False)
+    assert ok["n_queries"] == 200 and np.isfinite(ok["predicted"][0]["retention"])
+
+
+def test_a_whole_corpus_plan_does_not_list_every_row():
+    """A whole-corpus recommendation listed every row in rows_to_embed: 1M rows made 7.9 MB of JSON (83 KB before).
+    Every row is now rows_to_embed_all, the list empty: the answer's size does not grow with the corpus; ``rows_k`` =
+    the corpus size (the recommended K given back) is the same rows, where it ran k-means++ over the whole corpus."""
+    import json
+
+    rng = np.random.default_rng(0)
+    sizes = {}
+    for n in (2000, 20000):
+        X = rng.normal(size=(n, 16)).astype(np.float32)
+        Y = (np.tanh(X) @ rng.normal(size=(16, 16)) + 2 * rng.normal(size=(n, 16))).astype(np.float32)
+        p = align.plan_migration(X, X[:200], Y[:200], target_retention=0.99, target_ks=(100, 300, 1000))
+        assert p["recommended"]["whole_corpus"] and p["recommended"]["k"] == n, p["recommended"]
+        assert p["rows_to_embed"] == [] and p["rows_to_embed_all"] is True
+        sizes[n] = len(json.dumps(p))
+        given = align.plan_migration(X, X[:200], Y[:200], target_retention=0.99, target_ks=(100, 300, 1000), rows_k=n)
+        assert given["rows_to_embed"] == [] and given["rows_to_embed_all"] is True
+    assert sizes[20000] < 1.2 * sizes[2000] and sizes[20000] < 20000, sizes  # was ~6 bytes a row
+    part = align.plan_migration(X, X[:200], Y[:200], target_retention=0.99, target_ks=(100, 300, 1000), rows_k=50)
+    assert len(part["rows_to_embed"]) == 50 and part["rows_to_embed_all"] is False  # a budget is listed

@@ -725,3 +725,30 @@ def test_plan_short_of_its_target_says_so_on_the_recommended_line_and_refuses_un
                                       "probe_target": _b64(Y[np.random.default_rng(0).permutation(300)]),
                                       "keep": True}, headers=R)
         assert r.status_code == 422 and "look unpaired" in r.text, r.text
+
+
+def test_a_whole_corpus_plan_lists_no_rows_and_rows_out_writes_every_one(capsys, tmp_path):
+    """A whole-corpus recommendation listed every row of --old in rows_to_embed (1M rows: 7.9 MB of JSON over POST
+    /v1/plans and --json). The JSON now says rows_to_embed_all with an empty list; --rows-out, local, still writes
+    0..n-1 (with --old-rows, the rows of --old it names), and --k n gives the same."""
+    X, Y = _pairs(noise=3.0)
+    write_vectors(tmp_path / "old.npy", X)
+    write_vectors(tmp_path / "new.npy", Y)
+    args = ["--data-dir", tmp_path / "var", "plan", "--old", tmp_path / "old.npy", "--probe-source",
+            tmp_path / "old.npy", "--probe-target", tmp_path / "new.npy", "--probe-rows", "0:300",
+            "--target-retention", "0.99", "--json"]
+    code, out, err = run(capsys, *args, "--rows-out", tmp_path / "rows.npy")
+    assert code == 0, err
+    res = json.loads(out)
+    assert res["recommended"]["whole_corpus"] and res["rows_to_embed"] == [] and res["rows_to_embed_all"] is True
+    assert np.load(tmp_path / "rows.npy").tolist() == list(range(len(X)))
+    code, out, err = run(capsys, *args, "--old-rows", f"100:{len(X)}", "--rows-out", tmp_path / "part.npy")
+    assert code == 0 and json.loads(out)["rows_to_embed"] == [], err
+    assert np.load(tmp_path / "part.npy").tolist() == list(range(100, len(X)))
+    code, out, err = run(capsys, *args[:-1], "--k", str(len(X)))
+    assert code == 0 and f"rows to re-embed for --k {len(X)}: {len(X)} (every row of --old)" in out, (out, err)
+    with TestClient(create_app(settings_for(tmp_path / "api"))) as c:
+        r = c.post("/v1/plans", json={"old": _b64(X), "probe_source": _b64(X[:300]), "probe_target": _b64(Y[:300]),
+                                      "target_retention": 0.99}, headers=R)
+        assert r.status_code == 200 and r.json()["recommended"]["whole_corpus"], r.text
+        assert r.json()["rows_to_embed"] == [] and r.json()["rows_to_embed_all"] is True

@@ -195,15 +195,26 @@ def test_the_report_plan_of_a_large_fit_does_not_call_its_row_sample_the_corpus(
     assert not any("whole old corpus" in n for n in plan["notes"])
     reached = [q for q in plan["predicted"] if q["retention"] >= plan["target_retention"]]
     assert not reached and plan["recommended"]["k"] == ks[-1]               # none reaches 0.95: the largest, said so
-    assert any("no K in" in n for n in plan["notes"])
+    assert any("no K in" in n and "re-embedding the whole corpus is the only choice" in n for n in plan["notes"])
     html = render_report(title="t", summary={}, metrics={}, timings={}, diagnostics=None, cosines={}, clouds=None,
                          paired=True, plan=plan, k_fit=X.shape[0])
-    assert f"K = {ks[-1]} (target proxy retention 0.95; the notes say when no K reaches it)" in html
-    # QA: "recommended: method auto" above a table of closed-form forecasts; the report now says which one it is of
-    rec = plan["recommended"]
+    # QA: "recommended: method auto, K = 10000" on a 4,096-pair fit, where `plan` recommends the whole corpus: the
+    # report now gives the same verdict (no K reaches; the best K and its forecast; re-embed every row)
+    rec, best = plan["recommended"], max(plan["predicted"], key=lambda q: (round(q["retention"], 3), -q["k"]))
+    assert rec["migration_reaches_target"] is False and rec["best_migrating"]["k"] == best["k"], rec
+    assert "recommended: method" not in html and f"K = {ks[-1]} (target" not in html
+    assert (f"no K is predicted to reach the target proxy retention 0.95: the best, K = {best['k']} (method "
+            f"{rec['best_migrating']['method']}), is forecast {best['retention']:.3f}") in html
+    assert "Re-embedding the whole corpus with the new model is the only choice predicted to reach it" in html
+    # and the notes still say which closed-form method the forecast of auto is of
     assert rec["method"] == "auto" and rec["forecast_method"] == plan["predicted"][-1]["method"]
-    assert f"The forecast is of {rec['forecast_method']}, not of auto: see the notes.</p>" in html
     assert f"are of {rec['forecast_method']} (forecast_method), a closed-form map" in html
+    # a plan whose K reaches the target keeps its "recommended" line
+    low = align.plan_migration(X[:4096], X[:500], Y[:500], target_retention=0.05, select_rows=False,
+                               old_is_sample=True)
+    html_low = render_report(title="t", summary={}, metrics={}, timings={}, diagnostics=None, cosines={},
+                             clouds=None, paired=True, plan=low, k_fit=X.shape[0])
+    assert f"recommended: method {low['recommended']['method']}, K = {low['recommended']['k']} (target" in html_low
     # the CLI / HTTP plan of a whole corpus still caps K at it
     whole = align.plan_migration(X[:2000], X[:500], Y[:500], target_ks=(100, 3000), select_rows=False)
     assert whole["recommended"]["k"] == 2000 and whole["recommended"]["whole_corpus"]
