@@ -43,10 +43,12 @@ class Forecast(_Open):
 
 
 class Recommendation(_Open):
-    method: str = Field(..., description="The method to fit: the forecast's at K < 1,000, `auto` from 1,000 on.")
+    method: str = Field(..., description="The method to fit: the forecast's at K < 1,000, `auto` from 1,000 on "
+                                         "(`whole_corpus`: nothing is fitted; the best migrating K's method).")
     forecast_method: str = Field(..., description="The closed-form method the forecast and its interval are of; "
                                                   "`auto` may fit another family, which usually measures above it.")
-    k: int
+    k: int = Field(..., description="Rows of `old` to re-embed; with `whole_corpus` its size n: re-embed every row "
+                                    "with the new model, no map to fit.")
     whole_corpus: bool
     forecast: Literal["retention", "kept"] = Field(
         ..., description="The forecast the recommendation read: `retention` (every row mapped), or with `keep` "
@@ -74,7 +76,10 @@ class PlanResponse(_Open):
     predicted: list[Forecast]
     target_retention: float
     recommended: Recommendation
-    rows_to_embed: list[int] = Field(..., description="Rows of `old` to re-embed for the recommended K (for `k`).")
+    rows_to_embed: list[int] = Field(..., description="Rows of `old` to re-embed for the recommended K (for `k`); "
+                                                      "empty when they are every row (`rows_to_embed_all`).")
+    rows_to_embed_all: bool = Field(False, description="The rows to re-embed are every row of `old`, 0..n-1 (the "
+                                                       "whole corpus, or `k` = n): not listed in `rows_to_embed`.")
     rows_k: int | None = Field(None, description="The `k` asked for: `rows_to_embed` holds that many rows "
                                                  "(fewer when the old corpus has fewer distinct rows: `notes` say so).")
     notes: list[str]

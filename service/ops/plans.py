@@ -84,11 +84,12 @@ def plan(X_old: np.ndarray, probe_src: np.ndarray, probe_tgt: np.ndarray, *, ran
     ``progress(stage, fraction)`` follows its learning curve and row selection. ``names``: what the errors call
     the three sets (default: the HTTP fields; the CLI passes its options). ``k`` (called ``k_name`` in errors):
     ``rows_to_embed`` holds the rows to re-embed for that budget (also ``rows_k``) instead of the recommended K's,
-    drawn as the plan draws its own (the recommended K as ``k`` gives the plan's own rows); more than the rows of
-    ``X_old`` is refused before the plan runs. ``keep``: the migration keeps its re-embedded rows' own new-model
-    vectors, so the recommendation reads each K's ``kept`` forecast (``recommended.forecast`` says which it read).
-    Work that can be stopped
-    (:func:`service.progress.run_stoppable`: an HTTP client that left) stops at the next report."""
+    drawn as the plan draws its own (the recommended K as ``k`` gives the plan's own rows; every row of ``X_old``,
+    the whole corpus's or ``k`` = its size, is ``rows_to_embed_all`` with ``rows_to_embed`` empty, not listed);
+    more than the rows of ``X_old`` is refused before the plan runs. ``keep``: the migration keeps its re-embedded
+    rows' own new-model vectors, so the recommendation reads each K's ``kept`` forecast (``recommended.forecast``
+    says which it read). Work that can be stopped (:func:`service.progress.run_stoppable`: an HTTP client that
+    left) stops at the next report."""
     n_old = np.shape(X_old)[0] if np.ndim(X_old) == 2 else None
     if isinstance(k, (int, np.integer)) and not isinstance(k, bool) and n_old is not None and k > n_old:
         raise InputError(f"{k_name} {k} is more rows than {names[0]} holds ({n_old}): the rows to re-embed are "

@@ -47,7 +47,9 @@ model side by side;
 `forecast_method`: the method the forecast is of, a closed-form one, where from K = 1,000 `method` is `auto`, which
 may fit a contrastive or cluster map: a note says the interval is then a floor for what `auto` fits, which
 usually measures above it, not a prediction of it), `rows_to_embed` (k-means++ coverage rows of `old` for that K;
-with `k`, for that many rows instead, and `rows_k` says so).
+with `k`, for that many rows instead, and `rows_k` says so; every row of `old`, the whole corpus's K or `k` = its size,
+is not listed: `rows_to_embed` empty, `rows_to_embed_all` true). With `whole_corpus`, `recommended.k` is the size of
+`old` and nothing is fitted (`method` is the best migrating K's).
 With labelled `queries` (new model), `old_queries` (the same queries, old model) and each one's `relevant` probe
 row, the curve and the prediction are of their labelled R@10 retention over the whole `old` corpus (`metric` says
 which), with `native` (their R@10: the new model's over the probe and estimated over the corpus, the old model's
@@ -56,8 +58,9 @@ says when keeping the old model is predicted to do as well. When their measured 
 estimate is too low, or the map beats the new model) the plan is the one without them, with their `labelled` curve
 and `native` R@10 and a note why.
 Refused (422) rather than planned: a probe whose pairs look unpaired (its kNN@10 overlap at chance, e.g. one side's
-rows shuffled) and one too small for its learning curve to find anything (under one held-out hit per fit); the
-message says which, and how many pairs would do.
+rows shuffled), one too small for its learning curve to find anything (under one held-out hit per fit; the message
+says how many pairs would do), and labelled queries none of which finds its `relevant` probe row with one of the
+models (check `relevant` and the queries' order).
 Synchronous (at most `max_heavy_requests` plans and evaluations at once; more: 429 with Retry-After):
 seconds for a probe of 1,000 pairs and an old corpus of 40,000 rows (~40 s with labelled
 queries, which map and search the whole corpus per curve point). Each side is `vectors` or
