@@ -30,6 +30,7 @@ busy host answers late), one silent worker (SIGSTOP, a frozen cgroup, a long cal
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import pickle
@@ -164,7 +165,9 @@ class Supervisor(Multiprocess):
         stop was asked first, ``old`` still there with its pipe open. uvicorn's ``terminate(); join()`` had no limit
         and read no stop: a SIGTERM during it waited for the old worker's requests, then for the next one's (50 s),
         and for ever for a stopped one."""
-        os.kill(old.pid, signal.SIGTERM)
+        if old.process.exitcode is None:  # one that ended (and was reaped by a start()) has no pid to signal
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(old.pid, signal.SIGTERM)
         _log.info(f"Terminated child process [{old.pid}]")
         _log.info(f"Waiting for child process [{old.pid}]")
         limit = (self.config.timeout_graceful_shutdown or 0.0) + RETIRE_MARGIN_S
