@@ -57,13 +57,39 @@ def _userinfo(url: str) -> tuple[str, str, int] | None:
     host and the query before the last ``@`` are hidden too, rather than a piece of a password shown. The password
     starts after the user part's first ``:``, so a raw ``@`` in the user name (``alice@corp:pw@db``) hides it too.
     Linear: one scan each way."""
-    if (scheme := _SCHEME.match(url)) is None:
+    if (scheme := _SCHEME.match(url)) is None or _no_userinfo(url, scheme.end()):
         return None
     at = url.rfind("@", scheme.end())
     colon = url.find(":", scheme.end(), max(at, 0))
     if at < 0 or colon < 0:
         return None
     return url[:colon], url[colon + 1:at], at + 1
+
+
+#: an authority with no user part: hosts (a bracketed IPv6 one too) each with an optional all-digit port
+_HOST = r"(?:\[[0-9A-Fa-f:.%]*\]|[^@\[\]:,/?]*)(?::[0-9]+)?"
+_PLAIN_AUTHORITY = re.compile(rf"{_HOST}(?:,{_HOST})*")
+
+
+def _no_userinfo(url: str, start: int) -> bool:
+    """Whether ``url`` surely has no user part: its authority (to the first ``/``) is hosts with numeric
+    ports, no ``@`` comes before its query, and libpq parses the whole URL
+    (``pg.example.com:5432/vb?user=alice@corp`` was shown as ``pg.example.com:***@corp``). A password with a ``/``
+    (``vb:k9/Qz?x=7Lm@db``) leaves a port that is not a number, and one like ``vb:5432/x?y=z@db`` an unknown query
+    parameter that libpq refuses: both are hidden as before. Left: ``vb:5432/x?application_name=y@db`` (a password
+    of digits, a ``/`` and a known parameter's name) reads as a URL with no password, as libpq reads it."""
+    end = url.find("/", start)  # libpq looks for the user part's "@" up to the first "/" ("?" does not end it)
+    query = url.find("?", start)
+    if "@" in url[start:len(url) if query < 0 else query] or _PLAIN_AUTHORITY.fullmatch(
+            url, start, len(url) if end < 0 else end) is None:
+        return False
+    try:
+        from psycopg.conninfo import conninfo_to_dict
+
+        conninfo_to_dict(url)
+    except Exception:  # noqa: BLE001 - any refusal (a parse error, an unknown parameter) leaves it hidden
+        return False
+    return True
 
 
 def _libpq_password(url: str) -> str | None:
@@ -175,6 +201,11 @@ def check_pg_userinfo(url: str, what: str = "PostgreSQL URL") -> str:
         raise InputError(f"the {what} has an '@' after its first '/', where the database name is: write a '/' in the "
                          "password (or user name) as %2F, e.g. postgresql://alice:p%2Fss@db.example/vecbridge, and an "
                          "'@' in a database name as %40 (the URL is not repeated here: it may hold a password)")
+    # libpq reads a bracketed host to its "]" whatever is inside: vb:ab@[Pie?ce@[::1]:5432 names the host
+    # "Pie?ce@[::1" (a piece of a password with a raw "@[", which its errors would quote)
+    if any(re.fullmatch(r"[\w:.%-]*", b) is None for b in re.findall(r"\[([^\]]*)", after.partition("/")[0])):
+        raise InputError(f"the {what} has a '[' that does not open an IPv6 address: write a '[' in the password (or "
+                         "user name) as %5B (the URL is not repeated here: it may hold a password)")
     if "@" in hosts or odd_port:  # alice@corp:Pa?ss=word@db: the host "corp", port "Pa", then a query
         raise InputError(f"the {what} has more than one '@' before its host: write an '@' in the password (or "
                          "user name) as %40, e.g. postgresql://alice:p%40ss@db.example/vecbridge (the URL is not "

@@ -369,3 +369,34 @@ def test_a_raw_at_in_the_user_part_is_still_never_half_shown(url, pieces):
 
     for text in (safe_url(url), pg_target(url), redact(f"cannot connect with {url}", url)):
         assert "127.0.0.1" in text and not any(piece in text for piece in pieces), text
+
+
+@pytest.mark.parametrize("url", ["postgresql://pg.example.com:5432/vb?user=alice@corp&sslmode=require",
+                                 "postgresql://db.internal:5433/vb?application_name=a@b",
+                                 "postgresql://[::1]:5432/vb?application_name=a@b",
+                                 "postgresql://h1:5432,h2:5433/vb?application_name=x@y"])
+def test_a_url_with_no_user_part_is_shown_as_it_is_though_its_query_holds_an_at(url):
+    """The last-``@`` rule hid parts of URLs that hold no password at all (an ``@`` in a ``user=`` or
+    ``application_name=`` parameter): ``pg.example.com:5432/vb?user=alice@corp`` was shown as
+    ``pg.example.com:***@corp``, and a migration checkpoint recorded that as its resume command's registry. A URL
+    whose authority is hosts with numeric ports, with no ``@`` before its query, and which libpq parses, has no user
+    part: it is shown as it is."""
+    from service.urls import safe_url, url_secrets
+
+    assert safe_url(url) == url and url_secrets(url) == []
+
+
+@pytest.mark.parametrize("url", ["postgresql://vb:ab@[Longpiece?Secret@[::1]:5432/vb",
+                                 "postgresql://vb:ab@[SecretPart@[::1]:5432/vb"])
+def test_a_bracket_in_a_password_is_refused_before_libpq_quotes_a_piece_of_it(url):
+    """libpq reads a bracketed host to its ``]`` whatever is inside: ``vb:ab@[Longpiece?Secret@[::1]`` connected to
+    the host ``Longpiece?Secret@[::1`` and its error quoted it (a piece of the password, with ``ab``). Such a URL is
+    refused, naming the fix, without repeating the URL; a real IPv6 host is not."""
+    from align.exceptions import InputError
+    from service.urls import check_pg_userinfo
+
+    with pytest.raises(InputError, match="%5B") as err:
+        check_pg_userinfo(url)
+    assert "Secret" not in str(err.value)
+    for ok in ("postgresql://u:p@[fe80::1%25eth0]:5432/vb", "postgresql://u:p@[::1]:5432,[::2]:5433/vb"):
+        assert check_pg_userinfo(ok) == ok
