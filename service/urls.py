@@ -21,7 +21,7 @@ __all__ = ["check_pg_userinfo", "hide_endpoints", "redact", "safe_url", "url_sec
 #: where a URL's query parameter starts: its separator and name as written
 _PARAM_NAME = re.compile(r"([?&])([^=&#?]*)=")
 #: libpq's ``password=`` in a conninfo string (``host=db password=s3cr3t``): the value bare or single-quoted
-_KW_SECRET = re.compile(r"(?:^|\s)(?:ssl)?password\s*=\s*('(?:[^'\\]|\\.)*'|\S+)", re.IGNORECASE)
+_KW_SECRET = re.compile(r"(?:^|\s)(?:ssl)?password\s*=\s*('(?:[^'\\]|\\.)*'|(?:\\.|[^\s\\])+)", re.IGNORECASE)
 
 
 def _secret_param(name: str) -> bool:
@@ -142,7 +142,8 @@ def url_secrets(url: str) -> list[str]:
     found += [] if (libpq := _libpq_password(url)) is None else [libpq]
     found += [value for _s, _e, _sep, name, value in _params(url) if _secret_param(name)]
     if _SCHEME.match(url) is None:
-        found += [v[1:-1] if v.startswith("'") else v for v in _KW_SECRET.findall(url)]
+        written = [v[1:-1] if v.startswith("'") else v for v in _KW_SECRET.findall(url)]
+        found += written + [re.sub(r"\\(.)", r"\1", v) for v in written]  # as libpq reads one: "a\ b" is "a b"
     return sorted({v for p in found if p for v in (p, unquote(p))}, key=len, reverse=True)
 
 

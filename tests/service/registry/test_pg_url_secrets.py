@@ -400,3 +400,16 @@ def test_a_bracket_in_a_password_is_refused_before_libpq_quotes_a_piece_of_it(ur
     assert "Secret" not in str(err.value)
     for ok in ("postgresql://u:p@[fe80::1%25eth0]:5432/vb", "postgresql://u:p@[::1]:5432,[::2]:5433/vb"):
         assert check_pg_userinfo(ok) == ok
+
+
+def test_a_conninfo_password_with_an_escaped_space_is_hidden_whole():
+    """libpq reads ``password=abc\\ defSecret`` as ``abc defSecret``: the value stopped at the space, so
+    ``safe_url`` showed ``password=*** defSecret`` and ``redact`` hid only ``abc\\``."""
+    from psycopg.conninfo import conninfo_to_dict
+
+    from service.urls import redact, safe_url
+
+    conninfo = r"host=db password=abc\ defSecret dbname=vb"
+    assert conninfo_to_dict(conninfo)["password"] == "abc defSecret"
+    assert safe_url(conninfo) == "host=db password=*** dbname=vb"
+    assert "defSecret" not in redact("authentication failed for password abc defSecret", conninfo)
