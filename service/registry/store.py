@@ -46,6 +46,9 @@ class ArtifactStore:
                                         f"another: --artifact-dir / VECBRIDGE_ARTIFACT_DIR)")
         except NotADirectoryError as e:
             raise InvalidNameError(str(e)) from None
+        except PermissionError as e:  # a data dir this user cannot write: the folder named, not the bare errno
+            raise InvalidNameError(f"the artifact folder {self.root} cannot be made: this user may not write in "
+                                   f"{Path(e.filename or self.root).parent}") from None
         self._hook = hook or (lambda point: None)
         self.elsewhere_seen: tuple[float, str | None] | None = None  # (monotonic time, verdict): elsewhere.py
 

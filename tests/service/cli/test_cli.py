@@ -689,3 +689,36 @@ def test_fit_with_a_file_where_the_artifact_folder_goes_names_it(capsys, data, b
     assert code == 2 and out == "", (code, out, err)
     assert "Errno" not in err and "Traceback" not in err, err
     assert f"{data / blocked} is a file, not a folder" in err and "artifact folder" in err, err
+
+
+def test_an_artifact_folder_this_user_cannot_make_is_named_not_a_bare_errno(tmp_path):
+    """Opening a registry whose artifact folder lies under a folder this user cannot write raised a bare
+    PermissionError ("[Errno 13] Permission denied: '...'", naming neither the setting nor why): it is an
+    InputError (exit 2) naming the artifact folder and where it may not write. Root writes anywhere, so the child
+    runs as the image's user (uid 10001) under setpriv."""
+    import os
+    import shutil
+    import tempfile
+
+    as_user = []
+    if os.geteuid() == 0:
+        if shutil.which("setpriv") is None:
+            pytest.skip("running as root without setpriv")
+        as_user = ["setpriv", "--reuid=10001", "--regid=10001", "--clear-groups"]
+    base = tempfile.mkdtemp(prefix="vb-art-")  # world-readable (pytest's tmp is 0700)
+    try:
+        os.chmod(base, 0o777)
+        locked = os.path.join(base, "locked")
+        os.mkdir(locked, 0o555)
+        os.chmod(locked, 0o555)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("VECBRIDGE_")} | {"HOME": base}
+        opens = ("import sys; from service.registry import open_registry; from align.exceptions import InputError\n"
+                 "try:\n    open_registry(f'sqlite:///{sys.argv[1]}/registry.sqlite', sys.argv[2])\n"
+                 "except InputError as e:\n    print(e); sys.exit(2)")
+        r = subprocess.run([*as_user, sys.executable, "-c", opens, base, os.path.join(locked, "artifacts")], env=env,
+                           cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)
+        assert r.returncode == 2 and "Errno" not in r.stdout and "Traceback" not in r.stderr, (r.stdout, r.stderr)
+        assert f"artifact folder {locked}/artifacts cannot be made: this user may not write in {locked}" in r.stdout
+    finally:
+        os.chmod(os.path.join(base, "locked"), 0o755)
+        shutil.rmtree(base)
