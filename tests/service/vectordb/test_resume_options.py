@@ -234,18 +234,11 @@ def test_the_module_commands_run_records_its_registry_for_the_resume_command(wor
     """``python -m service.vectordb migrate --registry URL`` stopped by SIGTERM: its status printed a resume command
     naming no registry (the run did not record it, as ``vecbridge migrate`` does), so the command looked for the
     map in the default one. It names the run's registry now, the relative SQLite path made absolute."""
-    from service.vectordb.__main__ import main as vectordb_main
 
     world["registry"].close()
     other = world["data"] / "other.sqlite"
     (world["data"] / "registry.sqlite").rename(other)
-    _stopped_after_a_batch([sys.executable, "-m", "service.vectordb", "migrate", "--store", world["url"],
-                            "--source", "src", "--target", "dst", "--map", "a2b", "--checkpoint", "ck.json",
-                            "--registry", "sqlite:///data/other.sqlite", "--artifact-dir", "data/artifacts",
-                            "--batch-size", "20", "--pause", "1.0"], world["tmp"])
-    capsys.readouterr()
-    assert vectordb_main(["status", "--checkpoint", str(world["tmp"] / "ck.json")]) == 0
-    st = json.loads(capsys.readouterr().out)
+    st = _module_run_status(world, capsys, "sqlite:///data/other.sqlite", "data/artifacts")
     assert st["state"] == "stopped", st
     argv = shlex.split(st["resume"])
     assert argv[argv.index("--registry-url") + 1] == f"sqlite:///{other.resolve()}", argv
@@ -266,6 +259,33 @@ def _stopped_after_a_batch(cmd: list, cwd) -> str:
     assert child.returncode == 143, err
     return err
 
+def _resume_elsewhere(argv: list, world, tmp_path, monkeypatch, capsys) -> dict:
+    """Run a printed resume command (``argv``, its ``STORE`` given) from a directory of its own: its report."""
+    from service.cli import main
+
+    argv[argv.index("STORE")] = world["url"]
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    capsys.readouterr()
+    rc = main([*argv[1:], "--json"])
+    out = capsys.readouterr()
+    assert rc == 0, out.err
+    return json.loads(out.out.strip().splitlines()[-1])
+
+
+def _module_run_status(world, capsys, registry: str, artifact_dir: str) -> dict:
+    """``python -m service.vectordb migrate`` on ``registry`` / ``artifact_dir``, stopped after a batch: its status."""
+    from service.vectordb.__main__ import main as vectordb_main
+
+    _stopped_after_a_batch([sys.executable, "-m", "service.vectordb", "migrate", "--store", world["url"],
+                            "--source", "src", "--target", "dst", "--map", "a2b", "--checkpoint", "ck.json",
+                            "--registry", registry, "--artifact-dir", artifact_dir,
+                            "--batch-size", "20", "--pause", "1.0"], world["tmp"])
+    capsys.readouterr()
+    assert vectordb_main(["status", "--checkpoint", str(world["tmp"] / "ck.json")]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
 
 def test_the_resume_command_of_a_run_with_its_own_artifact_folder_finds_the_map_there(world, tmp_path, monkeypatch,
                                                                                        capsys):
@@ -273,28 +293,14 @@ def test_the_resume_command_of_a_run_with_its_own_artifact_folder_finds_the_map_
     command its status printed could not say DIR (``vecbridge`` had no such option, and the run recorded none), so,
     run as printed elsewhere without VECBRIDGE_ARTIFACT_DIR, it looked for the map's file in ./var/artifacts and
     failed. The run records the folder (absolute) and the command gives it to ``vecbridge --artifact-dir``."""
-    from service.cli import main
-    from service.vectordb.__main__ import main as vectordb_main
 
     world["registry"].close()
     (world["data"] / "artifacts").rename(world["tmp"] / "maps")  # the registry's files in a folder of their own
     monkeypatch.delenv("VECBRIDGE_ARTIFACT_DIR", raising=False)
-    _stopped_after_a_batch([sys.executable, "-m", "service.vectordb", "migrate", "--store", world["url"],
-                            "--source", "src", "--target", "dst", "--map", "a2b", "--checkpoint", "ck.json",
-                            "--registry", "sqlite:///data/registry.sqlite", "--artifact-dir", "maps",
-                            "--batch-size", "20", "--pause", "1.0"], world["tmp"])
-    capsys.readouterr()
-    assert vectordb_main(["status", "--checkpoint", str(world["tmp"] / "ck.json")]) == 0
-    argv = shlex.split(json.loads(capsys.readouterr().out)["resume"])
+    argv = shlex.split(_module_run_status(world, capsys, "sqlite:///data/registry.sqlite", "maps")["resume"])
     assert argv[argv.index("--artifact-dir") + 1] == str((world["tmp"] / "maps").resolve()), argv
     assert argv.index("--artifact-dir") < argv.index("migrate"), argv  # a group option, as --data-dir
-    argv[argv.index("STORE")] = world["url"]
-    (tmp_path / "elsewhere").mkdir()
-    monkeypatch.chdir(tmp_path / "elsewhere")
-    rc = main([*argv[1:], "--json"])
-    out = capsys.readouterr()
-    assert rc == 0, out.err
-    rep = json.loads(out.out.strip().splitlines()[-1])
+    rep = _resume_elsewhere(argv, world, tmp_path, monkeypatch, capsys)
     assert rep["rows"] == N and rep["resumed_from"] is not None, rep
 
 
@@ -322,13 +328,7 @@ def test_the_printed_resume_command_gives_the_checkpoint_and_the_map_file_as_abs
     argv = shlex.split(st["resume"])
     assert argv[argv.index("--checkpoint") + 1] == str(ck), argv
     assert argv[argv.index("--map") + 1] == str((world["tmp"] / "maps" / "a2b.safetensors").resolve()), argv
-    argv[argv.index("STORE")] = world["url"]
-    (tmp_path / "elsewhere").mkdir()
-    monkeypatch.chdir(tmp_path / "elsewhere")
-    rc = main([*argv[1:], "--json"])
-    out = capsys.readouterr()
-    assert rc == 0, out.err
-    rep = json.loads(out.out.strip().splitlines()[-1])
+    rep = _resume_elsewhere(argv, world, tmp_path, monkeypatch, capsys)
     assert rep["rows"] == N and rep["resumed_from"] is not None and rep["checkpoint"] == str(ck), rep
 
 
@@ -378,7 +378,6 @@ def test_the_resume_command_of_a_run_that_kept_rows_gives_its_keep_files(world, 
     """A run given ``--keep-ids ids.json --keep-vectors new.npy``, stopped: the resume command said ``--keep-ids IDS
     --keep-vectors VECTORS``, so it could not be run as printed. It names the run's files (absolute); run as printed
     from another directory it finishes, the kept rows written as given."""
-    from service.cli import main
 
     (world["tmp"] / "ids.json").write_text(json.dumps([3, 50, 100]))
     new = np.random.default_rng(1).standard_normal((3, 16)).astype(np.float32)
@@ -390,15 +389,8 @@ def test_the_resume_command_of_a_run_that_kept_rows_gives_its_keep_files(world, 
     argv = shlex.split(checkpoint_status(ck)["resume"])
     assert argv[argv.index("--keep-ids") + 1] == str(world["tmp"] / "ids.json"), argv
     assert argv[argv.index("--keep-vectors") + 1] == str(world["tmp"] / "new.npy"), argv
-    argv[argv.index("STORE")] = world["url"]
     world["registry"].close()
-    (tmp_path / "elsewhere").mkdir()
-    monkeypatch.chdir(tmp_path / "elsewhere")
-    capsys.readouterr()
-    rc = main([*argv[1:], "--json"])
-    out = capsys.readouterr()
-    assert rc == 0, out.err
-    rep = json.loads(out.out.strip().splitlines()[-1])
+    rep = _resume_elsewhere(argv, world, tmp_path, monkeypatch, capsys)
     assert rep["rows"] == N and rep["resumed_from"] is not None and rep["kept"] == 3, rep
 
 
