@@ -17,6 +17,7 @@ import shlex
 import signal
 import sys
 import threading
+import time
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -27,6 +28,7 @@ from starlette.middleware.cors import CORSMiddleware
 import align
 
 from ..config import ConfigError, Settings, get_settings
+from ..job_pool import join_stopped, note_stop
 from ..indexes.device import device_in_use, restore_device, use_device
 from ..logging import configure_logging, get_logger
 from ..metrics import MULTIPROC_ENV, ServiceMetrics
@@ -129,6 +131,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             if retry is not None:
                 retry.cancel()
             state.close()  # stops the index loader first: it freezes the heap once it is done
+            # the job threads get what is left of the stop's shutdown_timeout_s (none on a forced stop; none waited
+            # for without a stop signal): here, as both serve modes pass (a --workers worker skips atexit)
+            join_stopped()
             gc.unfreeze()
             app.state.vb = None
             release_native_threads(s.blas_threads)
@@ -313,8 +318,8 @@ def serve(settings: Settings | None = None, *, workers: int = 1) -> None:
     _log.info("service stopped", extra={"fields": {"signal": stop_signal}})
     if stop_signal is not None:
         # Stopped on request, after the graceful shutdown (requests answered, running jobs recorded interrupted):
-        # end now with status 0, as a worker process ends, once the job threads had their bounded grace to reach
-        # their next report or end (os._exit skips atexit; a fit mid-registration would be cut as by kill -9).
+        # end now with status 0, as a worker process ends, once the job threads had what is left of the stop's
+        # shutdown_timeout_s to reach their next report or end (the lifespan joined them; os._exit skips atexit).
         from service.job_pool import join_at_exit
 
         join_at_exit()
@@ -452,6 +457,14 @@ def _note_forced_stop(app) -> None:
         _mark_forced(server, app)
 
     signal.signal(signal.SIGINT, on_int)
+    term = signal.getsignal(signal.SIGTERM)
+    if getattr(term, "__self__", None) is server:  # the supervisor's stop: the job threads' deadline starts now
+
+        def on_term(signum, frame):
+            term(signum, frame)
+            _note_stop(server)
+
+        signal.signal(signal.SIGTERM, on_term)
     shutdown = server.shutdown
 
     async def shutdown_then_answer(sockets=None) -> None:
@@ -501,8 +514,17 @@ async def _answer_cut(server) -> None:
             await asyncio.wait_for(lifespan.shutdown(), _CUT_ANSWER_S)
 
 
+def _note_stop(server) -> None:
+    """A stop signal reached ``server`` (uvicorn's): the job threads are waited for until ``shutdown_timeout_s``
+    (its graceful shutdown's limit) after the first one at most, and not at all after a forced stop, so the whole
+    stop stays within that bound (:func:`service.job_pool.note_stop`)."""
+    limit = server.config.timeout_graceful_shutdown
+    note_stop(time.monotonic() + (0.0 if server.force_exit or limit is None else limit))
+
+
 def _mark_forced(server, app) -> None:
     """``app.state.stop_forced`` once ``server`` (uvicorn's) force-exits: a second Ctrl-C cuts the open requests."""
+    _note_stop(server)
     if server.force_exit:
         with contextlib.suppress(AttributeError):  # an app without a state (not create_app's)
             app.state.stop_forced = True

@@ -144,3 +144,40 @@ def test_a_job_deaf_to_the_shutdown_does_not_keep_its_process_from_exiting(tmp_p
     assert (got.state, got.stage, got.cancel_requested) == ("failed", "interrupted", False), got
     assert got.error["message"].startswith("interrupted during 'fit' at 50%: the process serving"), got.error
     after_restart.shutdown(wait=True)
+
+
+FORCED_CHILD = """
+import time
+import service.job_pool
+service.job_pool.EXIT_GRACE = 3600.0  # where no stop is noted, the exit would wait an hour for the job
+mgr = JobManager(store=JobStore(sys.argv[1]))
+mgr.open()
+started = threading.Event()
+def deaf(ctx):
+    ctx.progress("fit", 0.5)
+    started.set()
+    threading.Event().wait()
+job, _ = mgr.submit(deaf, kind="fit")
+assert started.wait(60)
+service.job_pool.note_stop(time.monotonic() + 3600)  # a server's stop signal (its shutdown_timeout_s: an hour)
+mgr.shutdown(wait=False)  # its app's stop
+service.job_pool.note_stop(time.monotonic())  # a second Ctrl-C: a forced stop
+service.job_pool.join_stopped()  # the app's stop joins the job threads, as the exit does after it
+print(job.id, flush=True)
+"""
+
+
+def test_a_stop_gives_the_job_threads_one_deadline_and_a_forced_stop_none(tmp_path):
+    """A stopping server's job threads got ``EXIT_GRACE`` (30 s) at the exit on top of the ``shutdown_timeout_s``
+    its stop had taken, whatever the stop: a job deaf to the stop held a forced stop (a second Ctrl-C) too. The
+    stop's deadline is noted now (the earliest holds: a forced stop's is "now"), and the app's own join and the
+    exit's wait for no more; the threads left are logged once."""
+    db = tmp_path / "jobs.sqlite"
+    rc, job_id, err = _child(FORCED_CHILD, db)
+    assert rc == 0, err
+    assert err.count("job threads still running at exit are killed with the process") == 1, err
+    after_restart = JobManager(store=JobStore(db))
+    assert after_restart.open() == 0
+    got = after_restart.get(job_id)
+    assert (got.state, got.stage) == ("failed", "interrupted"), got
+    after_restart.shutdown(wait=True)

@@ -562,33 +562,39 @@ def test_a_new_worker_that_ends_while_starting_ends_the_sighup_restart_and_the_o
     assert int(errors[0][len(said):].split("]")[0]) in old, errors
 
 
-# the registry's commit of a fit's version waits for the test's go (a file), given once the service logged its stop
+# a sitecustomize (on the server's PYTHONPATH, so a `--workers` worker, spawned fresh, has it too): the registry's
+# commit of a fit's version waits for the test's go (a file), then a slow disk's VB_TEST_SLOW s; VB_TEST_EXIT_GRACE
+# sets service.job_pool.EXIT_GRACE
 HELD_REGISTRATION = """
-import os, pathlib, runpy, threading, time
+import os, pathlib, threading, time
+import service.job_pool
 import service.registry.core as core
 go, stored = pathlib.Path(os.environ["VB_TEST_GO"]), pathlib.Path(os.environ["VB_TEST_STORED"])
+service.job_pool.EXIT_GRACE = float(os.environ.get("VB_TEST_EXIT_GRACE", service.job_pool.EXIT_GRACE))
 def hook(point):
     if point == "artifact_stored" and threading.current_thread().name.startswith("vecbridge-job"):
         stored.touch()
-        deadline = time.monotonic() + 60
-        while not go.exists() and time.monotonic() < deadline:
+        while not go.exists():
             time.sleep(0.02)
+        time.sleep(float(os.environ.get("VB_TEST_SLOW", "0")))
 core.FAULT_HOOK = hook
-runpy.run_module("service.cli", run_name="__main__", alter_sys=True)
 """
 
 
-def test_a_single_process_stop_lets_a_fit_inside_its_registration_finish_it(tmp_path):
-    """A SIGTERM to a single-process `serve` while a fit job was inside its registration (artifact stored, the
-    version's row not yet committed): the process ended with ``os._exit(0)`` right after "service stopped", which
-    skips the job threads' exit grace, so the fit was cut as by kill -9 (no version, an orphan artifact). Now the
-    job threads get their bounded grace first, and the version is registered."""
+def _held_fit(tmp_path, args: tuple, **env) -> tuple[subprocess.Popen, Path, Path]:
+    """``serve *args`` with :data:`HELD_REGISTRATION` and extra ``env``, and a fit job inside its registration (its
+    artifact stored, its row held); ``(process, data dir, go file)``."""
     data = tmp_path / "data"
     seed_registry(data)
     port = free_port()
+    hooks = tmp_path / "hooks"
+    hooks.mkdir()
+    (hooks / "sitecustomize.py").write_text(HELD_REGISTRATION)
     go, stored = tmp_path / "go", tmp_path / "stored"
-    env = {**env_for(data, port), "VB_TEST_GO": str(go), "VB_TEST_STORED": str(stored)}
-    proc = start([sys.executable, "-c", HELD_REGISTRATION, "serve"], env, port, tmp_path / "server.log")
+    base = env_for(data, port)
+    path = os.pathsep.join(p for p in (str(hooks), str(ROOT), base.get("PYTHONPATH", "")) if p)
+    env = {**base, "PYTHONPATH": path, "VB_TEST_GO": str(go), "VB_TEST_STORED": str(stored), **env}
+    proc = start([sys.executable, "-m", "service.cli", "serve", *args], env, port, tmp_path / "server.log")
     try:
         rng = np.random.default_rng(0)
         X = rng.standard_normal((64, 8)).astype(np.float32)
@@ -600,21 +606,63 @@ def test_a_single_process_stop_lets_a_fit_inside_its_registration_finish_it(tmp_
         while not stored.exists():
             assert time.monotonic() < deadline and proc.poll() is None, "the fit never stored its artifact"
             time.sleep(0.02)
+    except BaseException:
+        proc.kill()
+        proc.wait(30)
+        raise
+    return proc, data, go
+
+
+def _held_versions(data: Path) -> list[int]:
+    """The versions of map "held" registered in ``data``'s registry (none: the map, made with its first, is not)."""
+    from service.registry import open_registry
+    from service.registry.errors import NotFoundError
+
+    reg = open_registry(f"sqlite:///{(data / 'registry.sqlite').resolve()}", (data / "artifacts").resolve())
+    try:
+        return [v.version for v in reg.list_versions("held")]
+    except NotFoundError:
+        return []
+    finally:
+        reg.close()
+
+
+@pytest.mark.parametrize("workers", [1, 2], ids=["one-process", "workers-2"])
+def test_a_stop_lets_a_fit_inside_its_registration_finish_it(tmp_path, workers):
+    """A SIGTERM to `serve` while a fit job was inside its registration (artifact stored, the version's row not yet
+    committed): one process ended with ``os._exit(0)`` right after "service stopped", and a ``--workers 2`` worker
+    by its SIGTERM's default action, both skipping the job threads' exit grace, so the fit was cut as by kill -9 (no
+    version, an orphan artifact). Now the app's stop joins the job threads (until ``shutdown_timeout_s`` after the
+    signal), in both modes, and the version is registered. The row's commit here comes 2 s into the app's stop."""
+    proc, data, go = _held_fit(tmp_path, ("--workers", "2") if workers > 1 else (), VB_TEST_SLOW="2")
+    try:
         proc.send_signal(signal.SIGTERM)
-        _wait_for_log(tmp_path, "service stopped")
+        _wait_for_log(tmp_path, "Waiting for application shutdown.", n=workers)
         go.touch()
         assert proc.wait(60) == 0
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait(30)
-    from service.registry import open_registry
+    assert _held_versions(data) == [1]
 
-    reg = open_registry(f"sqlite:///{(data / 'registry.sqlite').resolve()}", (data / "artifacts").resolve())
+
+def test_a_job_deaf_to_the_stop_holds_it_no_longer_than_shutdown_timeout_s(tmp_path):
+    """A job that never ends (here: its registration held for good) kept a SIGTERM'd `serve` alive for
+    ``shutdown_timeout_s`` and then the exit's whole grace (``EXIT_GRACE``, 30 s; here an hour): 55 s with the
+    defaults, past an orchestrator's SIGKILL (docker-compose's stop_grace_period, 30 s). The job threads now get
+    what is left of ``shutdown_timeout_s`` counted from the signal: the stop ends, says which threads it left, and
+    the held version is not registered (its transaction dies with the process)."""
+    proc, data, _go = _held_fit(tmp_path, (), VB_TEST_EXIT_GRACE="3600", VECBRIDGE_SHUTDOWN_TIMEOUT_S="1")
     try:
-        assert [v.version for v in reg.list_versions("held")] == [1]
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0  # a bound, not a speed: the old stop waited an hour here
     finally:
-        reg.close()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(30)
+    _wait_for_log(tmp_path, "job threads still running at exit are killed with the process", seconds=0)
+    assert _held_versions(data) == []
 
 
 def _sighup_with_old_stopped(proc: subprocess.Popen) -> set[int]:
