@@ -150,6 +150,13 @@ class JobManager:
             raise JobNotFoundError(f"job {shown!r} not found")  # quoted whole, a 60 KB id made a 60 KB answer
         return job
 
+    def record(self, job_id: str) -> dict:
+        """:meth:`get`'s job as a dict, read under the lock its ends are written under: a live job read while it
+        ended (its state written, its error not yet) said "failed" with no error."""
+        job = self.get(job_id)
+        with self._lock:
+            return job.to_dict()
+
     def list(self, states: tuple[str, ...] | None = None, kinds: tuple[str, ...] | None = None) -> list[Job]:
         """Known jobs, oldest first: stored records (all processes of the data dir) or this process's; only those
         in one of ``states`` / of one of ``kinds`` when given."""

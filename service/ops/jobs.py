@@ -94,7 +94,7 @@ def _cursor_seq(after, newest: bool) -> int:
 
 def get_job(jobs: JobManager, job_id: str) -> dict:
     """One job's record; JobNotFoundError (404) when unknown."""
-    return jobs.get(job_id).to_dict()
+    return jobs.record(job_id)  # read under the jobs' lock: never a job half-way through its end
 
 
 def cancel_job(jobs: JobManager, job_id: str) -> dict:

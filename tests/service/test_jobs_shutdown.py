@@ -254,3 +254,54 @@ def test_a_job_ending_after_a_shutdown_never_reads_failed_without_an_error(tmp_p
     for state, stage, error in watched.seen:
         assert (error is None) == (state in ("queued", "running", "succeeded")), (state, stage, error)
     mgr.shutdown(wait=True)
+
+
+
+def test_a_get_while_a_job_ends_reads_its_record_whole(tmp_path):
+    """GET /v1/jobs/{id} read the live job without the lock its end is written under: a job recorded interrupted
+    by a shutdown that then failed on its own error read, mid-end, "failed" with no error (a review's reader saw it
+    in 151 of 300 tries). Here the GET has the job and begins its answer (the job's clock read) before the end takes
+    the lock, and goes on once the end is inside it (its error's message being read): the read waits for the lock
+    now, and reads a whole record, before or after the end."""
+    from service.ops.jobs import get_job
+
+    mgr = JobManager(workers=1, store=JobStore(tmp_path / "jobs.sqlite"))
+    mgr.open()
+    reported, release, in_read, mid_end, read = (threading.Event() for _ in range(5))
+    answers = []
+
+    class SlowToSay(ValueError):  # its message is read inside the end's hold of the lock
+        def __str__(self):
+            if not mid_end.is_set():
+                mid_end.set()
+                read.wait(2)  # the GET's read, which comes now where it does not wait for the lock
+            return "the fit's own failure"
+
+    def deaf(ctx):
+        ctx.progress("fit", 0.4)
+        reported.set()
+        assert release.wait(60)
+        raise SlowToSay()
+
+    job, _ = mgr.submit(deaf, kind="fit")
+    assert reported.wait(10)
+    mgr.shutdown(wait=False)
+    clock = job.now
+
+    def now():  # the GET's answer begins by reading the job's clock: it goes on once the end is under way
+        if threading.current_thread() is reader:
+            in_read.set()
+            mid_end.wait(2)  # (given up on where the GET holds the lock: the end cannot begin)
+        return clock()
+
+    job.now = now
+    reader = threading.Thread(target=lambda: answers.append(get_job(mgr, job.id)))
+    reader.start()
+    assert in_read.wait(10)
+    release.set()
+    reader.join(30)
+    read.set()
+    got = answers[0]
+    assert (got["state"], (got["error"] or {}).get("type")) in [("failed", "Interrupted"), ("failed", "SlowToSay")], got
+    assert _until(lambda: (j := mgr.get(job.id)).stage == "fit" and j).error["type"] == "SlowToSay"
+    mgr.shutdown(wait=True)
