@@ -361,6 +361,7 @@ class JobManager:
             self._interrupt(job)
             job.idempotency_key = None
         self._persist(job, was="queued")
+        self._count(job.state)  # it ended here, never counted queued (submit's count comes after)
 
     def cancel(self, job_id: str) -> Job:
         """Ask a job to stop: a queued job is cancelled at once, a running one at its next progress call.

@@ -102,7 +102,8 @@ def test_a_submit_that_races_a_shutdown_leaves_no_queued_job_behind(tmp_path):
     """A submit whose record was being written when the shutdown came was refused (a RuntimeError from the stopped
     pool, a 500) but its record stayed "queued" in the store until a restart: a job nobody would run, listed
     queued. It is refused with ServiceStoppingError (503) and its record says it ended, interrupted before it
-    started; a submit after the shutdown is refused before it writes one."""
+    started (and is counted so in ``vecbridge_jobs_total``); a submit after the shutdown is refused before it writes
+    one."""
 
     class GatedStore(JobStore):  # the submit's insert waits until the shutdown has happened
         entered, gate = threading.Event(), threading.Event()
@@ -112,8 +113,11 @@ def test_a_submit_that_races_a_shutdown_leaves_no_queued_job_behind(tmp_path):
             assert self.gate.wait(30)
             return super().insert(job)
 
+    from service.metrics import ServiceMetrics
+
     db = tmp_path / "jobs.sqlite"
-    mgr = JobManager(workers=1, max_queued=4, store=GatedStore(db))
+    metrics = ServiceMetrics()
+    mgr = JobManager(workers=1, max_queued=4, store=GatedStore(db), metrics=metrics)
     mgr.open()
     outcome = []
 
@@ -137,6 +141,8 @@ def test_a_submit_that_races_a_shutdown_leaves_no_queued_job_behind(tmp_path):
     for jobs in (mgr.list(), JobStore(db).list(), after_restart.list()):
         assert [(j.state, j.stage, j.error["message"].split(":")[0]) for j in jobs] == [
             ("failed", "interrupted", "interrupted before it started")], jobs
+    # /metrics counts its end, as the shutdown counts a queued job it ends (it was counted in no state at all)
+    assert metrics.registry.get_sample_value("vecbridge_jobs_total", {"state": "failed"}) == 1
     after_restart.shutdown(wait=True)
 
 
