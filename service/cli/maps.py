@@ -351,7 +351,8 @@ def eval_cmd(obj: Ctx, ref, min_top1, min_retention, queries_path, queries_rows,
                  + (f" (95% interval {r['retention_interval'][0]:.4f}-{r['retention_interval'][1]:.4f})"
                     if r.get("retention_interval") else ""))
         if lab.get("undecided") and min_retention is None:  # with a gate: exit 2 with this reason
-            kept = " and is not recorded (an earlier eval.labelled_retention is removed: the eval.* tags are this run's)"
+            kept = (" and is not recorded (an earlier eval.labelled_retention is removed: the eval.* tags are this "
+                    "run's)")
             text += (f"\n  this retention decides no gate{kept if record else ''}: "
                      f"{lab['undecided']}")
         if "labelled_plain" in r:
