@@ -106,8 +106,8 @@ relevant document natively, and a `min_retention` gate on it is a 422; so is a g
 is `undecided` (native R@10 no better than chance, or fewer than 5 native hits), and a pass of an `nn_retention@10`
 that a random map reaches at least 1 % of the time: at least 15 pairs for a perfect map, at every gate). Each
 vector set is `vectors` or `vectors_b64` + `dim`. Above `max_queries` held-out pairs (default
-{EVAL_MAX_QUERIES:,}) the pair figures rank a sample of that many (drawn with `random_state`) against all of them: `n_queries` says how many, `intervals` (here and
-in `retrieval`) the 95 % interval of each share.
+{EVAL_MAX_QUERIES:,}) the pair figures rank a sample of that many (drawn with `random_state`) against all of
+them: `n_queries` says how many, `intervals` (here and in `retrieval`) the 95 % interval of each share.
 """
 
 
