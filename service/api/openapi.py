@@ -82,10 +82,10 @@ EXAMPLES: dict[str, dict[str, dict]] = {
         "old": {"vectors_b64": "AACAPwAAAAAAAAAAAAAAAJqZGT/NzEw/AAAAAAAAAAA=", "dim": 4},
         "probe_source": {"vectors": _PROBE_A}, "probe_target": {"vectors": _PROBE_B}, "target_retention": 0.95,
         "random_state": 0})},
-    "evaluate_map": {"labelled": _ex("Held-out pairs, two labelled queries and a gate", {
+    "evaluate_map": {"labelled": _ex("Held-out pairs and two labelled queries (too few to decide a gate: the answer "
+                                     "says why in `undecided`; a `min_retention` gate on it is a 422)", {
         "source": {"vectors": _A}, "target": {"vectors": _B},
-        "queries": {"vectors": [[0.1, 0.9, 0.0, 0.0], [0.0, 0.0, 0.2, 0.9]]}, "relevant": [0, 2], "side": "target",
-        "min_retention": 0.9})},
+        "queries": {"vectors": [[0.1, 0.9, 0.0, 0.0], [0.0, 0.0, 0.2, 0.9]]}, "relevant": [0, 2], "side": "target"})},
     "set_alias": {"prod": _ex("Point `prod` at version 1", {"version": 1})},
     "set_tag": {"owner": _ex("A string (another JSON value is stored as its JSON text)", {"value": "search-team"})},
     "transform": {
