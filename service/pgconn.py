@@ -64,8 +64,9 @@ def pg_connect_options(url: str, *settings: str, drop: tuple[str, ...] = ()) -> 
     operator = operator_options(given, service)
     if "options" in given:  # the URL's own options are the caller's: a search_path there is its schema, kept
         drop = ()
-    kept = [raw for name, raw in option_settings(operator) if name not in drop]
-    if settings or len(kept) < len(option_settings(operator)):
+    parsed = option_settings(operator)
+    kept = [raw for name, raw in parsed if name not in drop]
+    if settings or len(kept) < len(parsed):
         kw["options"] = " ".join([*kept, *settings])  # "": send nothing (libpq takes an empty value as given)
     return kw
 
