@@ -45,10 +45,12 @@ from align.exceptions import InputError
 from .errors import did_you_mean
 from .limits import Limits
 
-__all__ = ["LOG_LEVELS", "SCOPES", "ConfigError", "Settings", "check_api_keys", "check_option", "check_registry_url",
-           "check_root_path", "get_settings", "load_settings", "read_setting_file"]
+__all__ = ["DEFAULT_ARTIFACTS", "LOG_LEVELS", "SCOPES", "ConfigError", "Settings", "check_api_keys", "check_option",
+           "check_registry_url", "check_root_path", "get_settings", "load_settings", "read_setting_file"]
 
 SCOPES = ("read", "write")
+#: the data dir's own artifact folder, where ``artifact_dir`` is unset (:meth:`Settings.resolved_artifact_dir`)
+DEFAULT_ARTIFACTS = "artifacts"
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 #: ``VECBRIDGE_*`` names that are not settings: the Ray watcher's mark (service.distributed), the test suite's
 #: and the benchmarks' own variables
@@ -404,7 +406,7 @@ class Settings(BaseSettings):
                 "path_alias": self.path_alias}
 
     def resolved_artifact_dir(self) -> Path:
-        return (self.artifact_dir or self.data_dir / "artifacts").resolve()
+        return (self.artifact_dir or self.data_dir / DEFAULT_ARTIFACTS).resolve()
 
     def resolved_report_dir(self) -> Path:
         """Where fit reports are written and read (the registry records them relative to it); see ``report_dir``.

@@ -33,6 +33,7 @@ from pathlib import Path
 
 from align.exceptions import InputError, VecbridgeError
 
+from ..config import DEFAULT_ARTIFACTS
 from ..errors import SIGNAL_WORDS, NotFoundError, exit_code
 from ..registry.db import sqlite_path
 from ..registry.errors import IntegrityError
@@ -265,10 +266,6 @@ def _engine_defaults(store) -> dict:
             for k in ("id_field", "vector_field", "text_field")}
 
 
-#: the data dir's own artifact folder (:meth:`service.config.Settings.resolved_artifact_dir`'s default)
-DEFAULT_ARTIFACTS = "artifacts"
-
-
 def _recorded_folders(data_dir, artifact_dir) -> dict:
     """``data_dir`` and ``artifact_dir`` as a checkpoint records them (absolute). The data dir's own artifact folder
     is None (:func:`_artifact_dir_of` reads it so): a release before ``vecbridge --artifact-dir`` refused to resume
@@ -423,7 +420,7 @@ def _resume_command(state: dict, checkpoint) -> str:
     how to give it)."""
     opts = state.get("options") or {}
     words = ["vecbridge", *(["--data-dir", str(opts["data_dir"])] if opts.get("data_dir") else []),
-             *(["--artifact-dir", str(_artifact_dir_of(opts))] if _artifact_dir_of(opts) else []),
+             *(["--artifact-dir", art] if (art := _artifact_dir_of(opts)) else []),
              *(["--registry-url", str(opts["registry_url"])] if opts.get("registry_url") else []), "migrate",
              "--store", "STORE", "--source", str(state.get("source")), "--target", str(state.get("target")),
              "--map", str(state.get("map") or "MAP"), "--checkpoint", str(checkpoint)]
