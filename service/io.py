@@ -83,22 +83,29 @@ def parse_rows(spec: str | None) -> tuple[int | None, int | None] | None:
     return start, stop
 
 
-def resolve_rows(rows, n: int, path) -> slice:
-    """The slice of ``(start, stop)`` (None ends, negatives from the end) in ``n`` rows; InputError when empty.
-    Row indices (a 1-d integer array) come back as they are once each is checked to be one of the ``n`` rows."""
+def resolve_rows(rows, n: int, path, *, what: str | None = None) -> slice:
+    """The slice of ``(start, stop)`` (None ends, negatives from the end) in ``n`` rows; InputError when empty. Row
+    indices (1-d ints) come back as they are once checked; ``what`` (``--keep-rows``): the option an error blames."""
+    name, src = Path(path).name, getattr(rows, "source", None)
     if rows is None:
         return slice(0, n)
     if isinstance(rows, np.ndarray):
         if rows.size and (rows.min() < 0 or rows.max() >= n):
             bad = int(rows.max() if rows.max() >= n else rows.min())
-            raise InputError(f"{Path(path).name}: row index {bad} is outside the file's {n} rows")
+            if what is not None:
+                raise InputError(f"{what}{f' ({Path(src).name})' if src else ''} lists row index {bad}, outside the "
+                                 f"{n} rows of {name} (the file it takes rows of)")
+            listed = f" (listed in {Path(src).name})" if src else ""
+            raise InputError(f"{name}: row index {bad} is outside the file's {n} rows{listed}")
         return rows
     start, stop = rows
     start = 0 if start is None else (start + n if start < 0 else start)
     stop = n if stop is None else (stop + n if stop < 0 else stop)
     if not (0 <= start < stop <= n):
-        raise InputError(f"{Path(path).name}: rows {rows[0] if rows[0] is not None else ''}:"
-                         f"{rows[1] if rows[1] is not None else ''} are outside the file's {n} rows or empty")
+        spec = f"{rows[0] if rows[0] is not None else ''}:{rows[1] if rows[1] is not None else ''}"
+        if what is not None:
+            raise InputError(f"{what} {spec} is outside the {n} rows of {name} (the file it takes rows of) or empty")
+        raise InputError(f"{name}: rows {spec} are outside the file's {n} rows or empty")
     return slice(start, stop)
 
 

@@ -105,7 +105,7 @@ def _kept_rows(inp, rows, keep_rows, keep_vectors, dim: int, *, key=None, column
     """``(pos, Y)``: the output positions (ascending) of the rows ``keep_rows`` of ``inp`` that ``rows`` selects and
     their vectors from ``keep_vectors`` (one ``dim``-d row per listed row, in ``keep_rows``' order), checked."""
     total = count_rows(inp, key=key, column=column, text_field=text_field)
-    want = resolve_rows(parse_rows(keep_rows), total, inp)
+    want = resolve_rows(parse_rows(keep_rows), total, inp, what="--keep-rows")
     want = np.arange(want.start, want.stop) if isinstance(want, slice) else np.asarray(want, dtype=np.int64)
     # the migration's checker (a zero vector was refused only when its chunk came, the output half written)
     want, Y = check_keep(want, read_vectors(keep_vectors, encoder_option=None, finite=False), dim,

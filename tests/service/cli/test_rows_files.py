@@ -95,7 +95,7 @@ def test_plan_rows_file_feeds_fit_and_transform(capsys, data):
     (np.array([1.0, 2.0]), "must be a 1-d list of integers"),
     (np.zeros((2, 2), np.int64), "must be a 1-d list of integers"),
     (np.zeros(0, np.int64), "holds no row indices"),
-    (np.array([1, 900]), "row index 900 is outside the file's 900 rows"),
+    (np.array([1, 900]), "row index 900 is outside the file's 900 rows (listed in rows.npy)"),
     # a uint64 above int64's range wrapped: "row index -9223372036854775804 is outside ..."
     (np.array([1, 2**63 + 4], np.uint64), "row index 9223372036854775812 is past the rows of any file"),
     (None, "neither START:STOP nor a file of row indices: no such file"),

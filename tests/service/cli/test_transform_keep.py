@@ -93,7 +93,11 @@ def test_a_parquet_keeps_its_other_columns_and_the_text_says_how_many_were_kept(
     (["--keep-rows", "0:5", "--keep-vectors", "{tmp}/wide.npy"], "24-d rows; the map's target .* is 16-d"),
     (["--keep-rows", "{root}/rows.npy", "--keep-vectors", "{root}/new_pairs.npy", "--output", "frame"],
      "needs output 'raw'"),
-    (["--keep-rows", "898:903", "--keep-vectors", "{root}/new_pairs.npy"], "outside the file's 900 rows"),
+    # a bad keep row blamed the corpus ("old.npy: row index 900 is outside the file's 900 rows"): the option now
+    (["--keep-rows", "898:903", "--keep-vectors", "{root}/new_pairs.npy"], "--keep-rows 898:903 is outside the 900 "
+                                                                           "rows of old.npy"),
+    (["--keep-rows", "{tmp}/far.npy", "--keep-vectors", "{root}/new_pairs.npy"],
+     r"--keep-rows \(far.npy\) lists row index 900, outside the 900 rows of old.npy"),
     (["--keep-rows", "{root}/rows.npy", "--keep-vectors", "{out}"], "the output"),
     # the keep file's first row is input row 899, the last chunk's: was refused only when that chunk came, as
     # "Y_new holds 1 all-zero row(s) (e.g. row 0)", a row of neither file, eight chunks already written
@@ -105,6 +109,7 @@ def test_a_parquet_keeps_its_other_columns_and_the_text_says_how_many_were_kept(
 def test_bad_keep_options_exit_2_with_a_message_and_write_nothing(capsys, tmp_path, world, args, match):
     root, X, Y, rows = world
     np.save(tmp_path / "wide.npy", X[:5])
+    np.save(tmp_path / "far.npy", np.array([3, 900]))
     for name, row, value in (("zero", 0, 0.0), ("nan", 2, np.nan)):
         bad = Y[rows].copy()
         bad[row] = value
