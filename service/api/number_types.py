@@ -17,7 +17,7 @@ from pydantic import BeforeValidator, Field, Strict
 
 from ..limits import EXACT_FLOAT_INT, whole_int  # the one rule, index parameters' too
 
-__all__ = ["EXACT_FLOAT_INT", "Count", "Real", "count", "whole_int"]
+__all__ = ["EXACT_FLOAT_INT", "Count", "Flag", "Real", "count", "whole_int"]
 
 
 def count(least: int | None = None, most: int | None = None) -> Any:
@@ -32,3 +32,7 @@ def count(least: int | None = None, most: int | None = None) -> Any:
 Count = count()
 #: A real number in a JSON body: an integer or a float as JSON writes it (not `true`, not "nan").
 Real = Annotated[float, Strict()]
+#: A yes/no field in a JSON body: ``true`` or ``false`` only. Pydantic's lax bool took ``"yes"``, ``"on"``, ``"1"``,
+#: ``1`` and ``0`` (``POST /v1/plans`` ran ``"keep": "yes"`` as true where ``"k": "10"`` was a 422): strict, as the
+#: numbers are.
+Flag = Annotated[bool, Strict()]

@@ -25,7 +25,7 @@ from .body_models import RequestModel
 from .body_models import StrictRequestModel as _Strict
 from .error_schemas import ErrorBody, error_responses
 from .name_types import AliasName, IndexName, Name, Ref
-from .number_types import Count, Real, count
+from .number_types import Count, Flag, Real, count
 
 __all__ = [
     "MAX_VERSION", "ErrorBody",
@@ -167,7 +167,7 @@ class IndexCreateOptions(_Strict):
     payloads: list[Any] | None = Field(None, description="One JSON value per row, returned with search hits.")
     texts: list[str] | None = Field(None, description="Embed these with the space's encoder (passage form) "
                                                       "instead of sending vectors.")
-    store_texts: bool = Field(True, description="With `texts`: keep each text as its payload unless payloads given.")
+    store_texts: Flag = Field(True, description="With `texts`: keep each text as its payload unless payloads given.")
     dim: DimCount | None = Dim
 
 
@@ -182,7 +182,7 @@ class IndexAddOptions(_Strict):
     ids: list[Count] | None = Ids
     payloads: list[Any] | None = None
     texts: list[str] | None = None
-    store_texts: bool = True
+    store_texts: Flag = True
     dim: DimCount | None = Dim
 
 
@@ -206,18 +206,18 @@ class SearchOptions(_Strict):
     k: Count = Field(10, ge=1, le=10_000, json_schema_extra={"x-limit": "max_k"}, description=(  # document.py
         f"Results per query: at most `limits.max_k` (default {DEFAULT_LIMITS.max_k}; the maximum here is this "
         f"service's); queries × k at most `max_hits` (default {DEFAULT_LIMITS.max_hits})."))
-    csls: bool = Field(False, description="Re-rank candidates by CSLS (reduces hubness of mapped queries).")
+    csls: Flag = Field(False, description="Re-rank candidates by CSLS (reduces hubness of mapped queries).")
     csls_k: Count = Field(10, ge=1, le=1000)
     csls_weight: Real = Field(CSLS_WEIGHT, ge=0, le=2, allow_inf_nan=False,
                                description="Weight w of the document's hubness in the CSLS score 2 cos(q, d) - r(q) - "
                                            "w r(d): 1 is classic CSLS, 0 the cosine order. The default 0.5 kept more "
                                            "of the native recall than 1 on labelled retrieval in migrated indexes "
                                            "(benchmarks/results/migration_2026-12-01_csls*.md).")
-    exact: bool = Field(False, description="Scan every row (ignores the approximate structure).")
+    exact: Flag = Field(False, description="Scan every row (ignores the approximate structure).")
     ef_search: count(1, MAX_EF_SEARCH) | None = Field(
         None, description="HNSW breadth for this request (at most 32768, as the index's).")
     nprobe: count(1, 65_536) | None = Field(None, description="IVF lists probed for this request.")
-    include_payloads: bool = True
+    include_payloads: Flag = True
     steers: dict[str, SteerEps] | None = Field(
         None, description="Steered search: `{steer ref: eps}` applied to the queries in the index's space (after "
                           f"translation), composed by summing `sum eps_i W_i` (|eps| at most {MAX_STEER_EPS:g}).")
@@ -293,7 +293,7 @@ class PlanRequest(_Strict):
     old_queries: _Vectors | None = Field(None, description="The same queries under the old model.")
     relevant: list[Count] | None = Field(None, description="Each query's relevant document: its row in the probe.")
     k: count(1) | None = Field(None, description="`rows_to_embed` for this many rows, not the recommended K.")
-    keep: bool = Field(False, description="The migration keeps its K re-embedded rows' own new-model vectors "
+    keep: Flag = Field(False, description="The migration keeps its K re-embedded rows' own new-model vectors "
                                           "(`vecbridge transform --keep-rows`, `migrate --keep-ids`): the "
                                           "recommendation reads each K's `kept` forecast instead of `retention` "
                                           "(`recommended.forecast` says which), never a larger K.")
@@ -313,7 +313,7 @@ class EvaluateRequest(_Strict):
     min_retention: Real | None = Field(None, ge=0, le=1, description="PASS/FAIL gate on retention (labelled R@10 "
                                         "retention with queries, else nn_retention@10).")
     min_top1: Real | None = Field(None, ge=0, le=1, description="PASS/FAIL gate on top-1 of the pairs.")
-    csls: bool = Field(False, description="Also rank by CSLS: top-1 of the pairs, and with `queries` the labelled "
+    csls: Flag = Field(False, description="Also rank by CSLS: top-1 of the pairs, and with `queries` the labelled "
                                           "retention (and the gate) of CSLS search "
                                           "(`retrieval.labelled_plain`: plain).")
     csls_weight: Real = Field(CSLS_WEIGHT, ge=0, le=2, allow_inf_nan=False,

@@ -8,7 +8,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictStr
 
 from .name_types import Name, Ref
-from .number_types import count
+from .number_types import Flag, count
 from .schemas import Count, Dim, DimCount, MapPath, Real, Seed, _Page, _Strict, _Vectors
 
 __all__ = ["CollectionSearchOptions", "CollectionSearchRequest", "CollectionSearchResponse", "KeepRows",
@@ -31,7 +31,7 @@ class MigrationRequest(_Strict):
     alias: str | None = Field(None, description="Switched to the target once every row is written.")
     batch_size: Count = Field(2000, ge=1, le=100_000, description="Rows per read / map / write step (and checkpoint).")
     pause: Real = Field(0.0, ge=0, le=60, description="Seconds to sleep after each batch (spares a busy database).")
-    overwrite: bool = Field(False, description="Drop an existing target before a fresh start (never when resuming, "
+    overwrite: Flag = Field(False, description="Drop an existing target before a fresh start (never when resuming, "
                                                "never one an alias serves).")
     source_space: Name | None = Field(None, description="Space of the source vectors (checked against the map's).")
     target_space: Name | None = Field(None, description="Space recorded on the target (default: the map's).")
@@ -40,7 +40,7 @@ class MigrationRequest(_Strict):
     id_field: str | None = None
     vector_field: str | None = None
     text_field: str | None = None
-    dry_run: bool = Field(False, description="Every check a run makes, one batch read and mapped, nothing written.")
+    dry_run: Flag = Field(False, description="Every check a run makes, one batch read and mapped, nothing written.")
     keep: KeepRows | None = Field(
         None, description="The rows the migration re-embedded to fit its map, with their new-model vectors (width: the "
                           "map's target): written as given instead of mapped (`vecbridge migrate --keep-ids "

@@ -164,3 +164,26 @@ def test_a_search_looks_for_booleans_only_among_json_rows(tmp_path, monkeypatch)
         rows[1][4] = True
         bad = c.post("/v1/indexes/ix/search", headers=R, json={"vectors": rows, "space": "b", "k": 3})
         assert bad.status_code == 422 and "row 1 holds a JSON boolean" in bad.text, bad.text
+
+
+def test_yes_no_fields_are_json_booleans_as_numbers_are_json_numbers(tmp_path):
+    """Review, session 53: ``POST /v1/plans`` ran ``"keep": "yes"`` as true (pydantic's lax bool took "yes", "on",
+    "1", 1 and 0) where ``"k": "10"`` was a 422 (strict ints). Every yes/no field of a body is now strict too: a 422
+    naming it for anything but ``true`` / ``false``, which are read as before."""
+    with served_world(tmp_path) as (c, _, world):
+        X, Y = world["X"], world["Y"]
+        plan = {"old": {"vectors": X[:300].tolist()}, "probe_source": {"vectors": X[:200].tolist()},
+                "probe_target": {"vectors": Y[:200].tolist()}}
+        for field, bad in (("keep", "yes"), ("keep", 1), ("keep", "true"), ("k", "10"), ("k", True)):
+            r = c.post("/v1/plans", headers=R, json={**plan, field: bad})
+            assert r.status_code == 422 and f": {field}: " in r.json()["error"]["message"], (field, bad, r.text)
+        r = c.post("/v1/plans", headers=R, json={**plan, "keep": True, "k": 10})
+        assert r.status_code == 200 and r.json()["recommended"]["forecast"] == "kept", r.text
+        pairs = {"source": {"vectors": X[:40].tolist()}, "target": {"vectors": Y[:40].tolist()}}
+        for bad in ("yes", 0, "false"):
+            r = c.post("/v1/maps/a2b/evaluate", headers=R, json={**pairs, "csls": bad})
+            assert r.status_code == 422 and ": csls: " in r.json()["error"]["message"], (bad, r.text)
+            r = c.post("/v1/indexes", headers=W, json={"name": "flags", "space": "b", "store_texts": bad,
+                                                       "vectors": Y[:20].tolist()})
+            assert r.status_code == 422 and ": store_texts: " in r.json()["error"]["message"], (bad, r.text)
+        assert c.post("/v1/maps/a2b/evaluate", headers=R, json={**pairs, "csls": False}).status_code == 200
