@@ -95,6 +95,10 @@ class Retrieval(_Open):
     retention_metric: str
     labelled: dict[str, Any] | None = Field(None, description="R@1, R@10, nDCG@10 and MRR of the labelled queries "
                                                               "over the mapped and the native documents.")
+    proxy: dict[str, Any] | None = Field(None, description="The `nn_retention@10` proxy against a random map's: "
+                                         "`kept` of `n_queries` rows, `candidates` per query, `chance_p` (how often "
+                                         "a random map keeps as many) and `undecided` (why its pass says nothing: "
+                                         "undefined, or `chance_p` at least 0.01; else null).")
     retention_interval: list[float] | None = None
     min_retention: float | None = None
     passed: bool | None = None
@@ -119,4 +123,4 @@ class EvaluateResponse(_Open):
     result: Literal["PASS", "FAIL"] | None = Field(None, description="With a gate: PASS only when each gate passes.")
     notes: list[str] = Field(default_factory=list, description="What the check of the rows against the map's two "
                                                                "sides could not tell (pairs the wrong way round are "
-                                                               "a 422).")
+                                                               "a 422), and why a labelled retention is above 1.")

@@ -258,7 +258,7 @@ def _versus_old(lab: dict) -> str:
                    "the gate exits 2); otherwise the proxy nn_retention@10 (each native target row's nearest native "
                    "row must stay in the top 10 of the mapped source rows; share kept; needs at least 12 distinct "
                    "held-out pairs, exit 2 on fewer; a pass that a random map would match 1% of the time or more exits "
-                   "2 too: at least 15 pairs for a perfect map). "
+                   "2 too: at least 15 pairs for a perfect map). A gate of 0 passes any defined retention. "
                    "That is among the held-out rows alone, without distractors: not the nn_retention@10 of "
                    "`vecbridge plan`, a ratio to native search with up to 8,192 mapped rows of the old corpus beside "
                    "them, which differs for the same map.")
@@ -342,6 +342,8 @@ def eval_cmd(obj: Ctx, ref, min_top1, min_retention, queries_path, queries_rows,
                  f"--random-state {random_state}), each against all {res['n_candidates']}; 95% intervals: "
                  + "  ".join(f"{m} {iv[m][0]:.4f}-{iv[m][1]:.4f}" for m in ("top1", "recall@10", "nn_retention@10")
                              if m in iv))
+    if "labelled" not in r and r["proxy"]["undecided"] and not min_retention:  # as the labelled one's, below
+        text += f"\n  this nn_retention@10 passes no gate (a gate above it fails): {r['proxy']['undecided']}"
     if "labelled" in r:
         lab = r["labelled"]
         text += (f"\n  labelled ({lab['n_queries']} queries, {lab['n_documents']} documents, "
@@ -350,7 +352,7 @@ def eval_cmd(obj: Ctx, ref, min_top1, min_retention, queries_path, queries_rows,
                  + f"  (migrated/native)  retention R@10 {_retention(r['retention'])}"
                  + (f" (95% interval {r['retention_interval'][0]:.4f}-{r['retention_interval'][1]:.4f})"
                     if r.get("retention_interval") else ""))
-        if lab.get("undecided") and min_retention is None:  # with a gate: exit 2 with this reason
+        if lab.get("undecided") and not min_retention:  # with a gate: exit 2 with this reason (0: a PASS, below)
             kept = (" and is not recorded (an earlier eval.labelled_retention is removed: the eval.* tags are this "
                     "run's)")
             text += (f"\n  this retention decides no gate{kept if record else ''}: "
@@ -372,6 +374,9 @@ def eval_cmd(obj: Ctx, ref, min_top1, min_retention, queries_path, queries_rows,
         text += f"\n{r['result']}: {r['retention_metric']} {r['retention']:.4f}"
         text += (f" (95% interval {iv[0]:.4f}-{iv[1]:.4f} over {r['labelled']['n_queries']} queries)"
                  if iv is not None else "") + f" vs {min_retention}"
+        why = (r["labelled"] if "labelled" in r else r["proxy"])["undecided"]
+        if min_retention == 0 and why:  # passed, as a gate of 0 passes any figure; the figure itself says nothing
+            text += f"\n  a gate of 0 passes any retention; this one says nothing of the map: {why}"
         if r.get("gate_within_interval"):
             text += "\n  the gate lies inside the interval: these queries cannot decide it; more labelled queries can"
     emit(res, as_json, text)

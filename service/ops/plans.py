@@ -38,7 +38,7 @@ from ..progress import checkpoint, stoppable
 from ..spaces import check_pair_spaces, map_references
 
 __all__ = ["MIGRATION_METHODS", "fit_migration_map", "check_semi_supervised", "plan", "retention_gate", "evaluate_map",
-           "check_eval_spaces", "RETENTION_KEY", "LABELLED_KEY", "EVAL_MAX_QUERIES"]
+           "check_eval_spaces", "proxy_chance", "RETENTION_KEY", "LABELLED_KEY", "EVAL_MAX_QUERIES"]
 
 MIGRATION_METHODS = ("auto", "contrastive", "cluster")
 #: pairs ranked by `eval` (CLI / HTTP) unless told otherwise: a seeded sample of this many above it, each still
@@ -112,7 +112,8 @@ def retention_gate(map_, X: np.ndarray, Y: np.ndarray, *, min_retention: float |
     :func:`align.labelled_retention` and ``retention`` / ``retention_metric`` its R@10 retention; otherwise they are
     the ``nn_retention@10`` proxy. A labelled retention is None (undefined) when no query finds its relevant
     document natively, the proxy NaN on fewer than 12 distinct pairs; a gate on either raises InputError (it can be
-    neither passed nor failed), as does a gate on a figure at chance (:func:`_undecided`). ``old_queries``
+    neither passed nor failed), as does a gate above 0 on a figure at chance (:func:`_undecided`); ``proxy`` is
+    :func:`proxy_chance` of the proxy, gate or not. ``old_queries``
     (the same queries under the old model) adds the keep-the-old-model baseline (``labelled["old"]``,
     ``["beats_old"]``). Labelled retention also gives ``retention_interval`` (its 95 % bootstrap interval over the
     queries) and, with a gate, ``gate_within_interval``: the verdict follows the measured retention, but when the
@@ -144,6 +145,7 @@ def retention_gate(map_, X: np.ndarray, Y: np.ndarray, *, min_retention: float |
     else:
         res["retention"] = res[RETENTION_KEY]
         res["retention_metric"] = RETENTION_KEY
+    res["proxy"] = proxy_chance(res)
     if min_retention is not None and (why := _undecided(res, min_retention)):  # neither a pass nor a fail: exit 2
         raise InputError(f"the retention gate cannot be decided on the {res['retention_metric']}: {why}; "
                          f"or evaluate without the retention gate")
@@ -161,29 +163,63 @@ def _undecided(res: dict, gate: float) -> str | None:
     """Why ``res`` (of :func:`retention_gate`) can neither pass nor fail the retention gate ``gate``; None when it
     can. The figure is judged, not the gate. Labelled: :func:`align.labelled_retention`'s ``undecided`` (native
     R@10 none or at chance, or fewer native hits than :data:`align.retrieval.MIN_NATIVE_HITS`: a query-side map
-    evaluated corpus-side PASSed on native R@10 10 of 2,999 at retention 2.0), at every gate. Proxy: undefined below
-    12 pairs; and a PASS of a map that keeps no more rows than a random map keeps at least
-    :data:`align.retrieval.CHANCE_LEVEL` of the time (each relevant row one of n - 1 candidates, in a random top 10
-    with probability 10 / (n - 1)): a map given its files the wrong way round PASSed 0.6 on 12-20 pairs, and the
-    earlier rule, asking whether a random map reached the gate, refused a perfect map on 50 pairs at 0.1. A perfect
-    map is judged at every gate from 15 pairs on (a random map keeps all 15 0.6 % of the time). A FAIL of a map at
-    chance stands: a map no better than a random one fails the gate it fails, and more pairs would not lift it."""
+    evaluated corpus-side PASSed on native R@10 10 of 2,999 at retention 2.0). Proxy: :func:`proxy_chance`'s, for a
+    pass only (a FAIL of a map at chance stands: a map no better than a random one fails the gate it fails, and more
+    pairs would not lift it). An undefined figure decides no gate; a gate of 0 (which no figure can fail, as a CI
+    tool's threshold of 0 is met by any measurement) passes any defined one, at chance or not: refusing it (exit 2)
+    made a gate that cannot fail fail a pipeline, and ``undecided`` still says the figure tells nothing."""
     if "labelled" in res:
         why = res["labelled"]["undecided"]
+        if gate <= 0 and res["retention"] is not None:
+            return None
         return why and (f"{why}; give labelled queries and documents of one model each, scored on the side the map "
                         f'serves (corpus-side, or query-side: --side source, "side": "source" over HTTP), or more '
                         f"of them")
-    n, q = res["n_pairs"], res["n_queries"]
+    why = res["proxy"]["undecided"]
     if not np.isfinite(res["retention"]):
-        return (f"it is undefined: it needs at least 12 distinct held-out pairs (a query, its nearest other row and "
-                f"10 more), got {n}; give more held-out pairs")
-    rate, hits = min(1.0, 10 / (n - 1)), round(res["retention"] * q)
-    p = chance_p_value(hits, q, rate)
-    if p >= CHANCE_LEVEL and res["retention"] >= gate:
-        return (f"it kept {hits} of {q} rows, and with {n} held-out pairs each relevant row is one of {n - 1} "
-                f"candidates, in a random top 10 {rate:.0%} of the time ({expected_hits(q, rate)} rows expected): a "
-                f"random map keeps as many {p:.0%} of the time, so its pass says nothing; give more held-out pairs")
+        return why
+    if why and res["retention"] >= gate > 0:
+        return f"{why}; give more held-out pairs"
     return None
+
+
+def proxy_chance(res: dict) -> dict:
+    """How the ``nn_retention@10`` proxy of ``res`` (:func:`align.score_map`'s) compares with a random map's:
+    ``kept`` of ``n_queries`` rows, ``candidates`` per query, ``chance_p`` (how often a random map keeps as many:
+    with n held-out pairs each relevant row is one of n - 1 candidates, in a random top 10 with probability
+    10 / (n - 1)) and ``undecided``, why its pass says nothing (undefined below 12 pairs; ``chance_p`` at least
+    :data:`align.retrieval.CHANCE_LEVEL`: a map given its files the wrong way round PASSed 0.6 on 12-20 pairs; a
+    perfect map is judged from 15 pairs on, a random map keeping all 15 0.6 % of the time), else None: what
+    ``labelled`` carries for the labelled retention (``chance_p``, ``undecided``), so that a proxy at chance is
+    flagged in the JSON without a gate too. It can still FAIL a gate above it."""
+    n, q, r = res["n_pairs"], res["n_queries"], res[RETENTION_KEY]
+    if not np.isfinite(r):
+        return {"kept": None, "n_queries": q, "candidates": max(n - 1, 0), "chance_p": None,
+                "undecided": f"it is undefined: it needs at least 12 distinct held-out pairs (a query, its nearest "
+                             f"other row and 10 more), got {n}; give more held-out pairs"}
+    rate, hits = min(1.0, 10 / (n - 1)), round(r * q)
+    p = chance_p_value(hits, q, rate)
+    why = None if p < CHANCE_LEVEL else (
+        f"it kept {hits} of {q} rows, and with {n} held-out pairs each relevant row is one of {n - 1} candidates, in "
+        f"a random top 10 {rate:.0%} of the time ({expected_hits(q, rate)} rows expected): a random map keeps as many "
+        f"{p:.0%} of the time, so its pass says nothing")
+    return {"kept": hits, "n_queries": q, "candidates": n - 1, "chance_p": p, "undecided": why}
+
+
+def _above_native(r: dict) -> list[str]:
+    """The note of a labelled retention above 1 (the migrated index beats the native one on these queries): a gate
+    passes it as it passes 1, and the interval is the bootstrap's own (above 1 too, never clipped), but a reader
+    of "retention 1.5" is owed why a copy can beat the original."""
+    lab = r.get("labelled")
+    if lab is None or r["retention"] is None or r["retention"] <= 1.0:
+        return []
+    q = lab["n_queries"]
+    mig, nat = round(lab["migrated"]["R@10"] * q), lab["native_hits"]
+    return [f"the labelled R@10 retention is {r['retention']:.3f}, above 1: the migrated index finds the relevant "
+            f"document of {mig} of the {q} queries in its top 10, the native index of {nat}, so on these queries "
+            f"the map's output lies nearer them than the new model's own document vectors do. A gate passes it as "
+            f"it passes 1 (nothing is lost); a migration seldom gains, so check that the queries are of the model "
+            f"the side expects (--side / side target: the new model's; source: the old model's)"]
 
 
 def check_eval_spaces(v, m, X: np.ndarray, Y: np.ndarray) -> list[str]:
@@ -233,7 +269,8 @@ def evaluate_map(registry, ref: str, X: np.ndarray, Y: np.ndarray, *, csls: bool
     sample leaves. Up to the cap the figures are those of every row, as before the cap existed.
 
     The rows are checked first against the map's two sides (:func:`check_eval_spaces`): pairs given the wrong way
-    round are refused, not scored; ``notes`` holds what that check could not tell.
+    round are refused, not scored; ``notes`` holds what that check could not tell, and why a labelled retention is
+    above 1.
     """
     for what, gate in (("min_top1", min_top1), ("min_retention", min_retention)):
         if gate is not None and not 0.0 <= gate <= 1.0:  # NaN too: a gate no figure can pass or fail honestly
@@ -253,7 +290,7 @@ def evaluate_map(registry, ref: str, X: np.ndarray, Y: np.ndarray, *, csls: bool
                                       max_queries=max_queries, random_state=random_state)
     res["retention"] = res["retrieval"]["retention"]
     res["map"] = v.ref
-    res["notes"] = notes
+    res["notes"] = notes + _above_native(res["retrieval"])
     passed = None
     if min_top1 is not None:
         passed = res["top1"] >= min_top1

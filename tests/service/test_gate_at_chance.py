@@ -68,10 +68,15 @@ def test_a_query_side_map_evaluated_corpus_side_is_not_passed(task, capsys):
     assert lab["undecided"] and "random ranking" in lab["undecided"] and lab["chance_p"] >= 0.01
     code, out, err = _eval(capsys, d, *common)
     assert code == 0 and "this retention decides no gate: the native R@10" in out, err
-    for gate in ("0.6", "0.0", "1.0"):
+    for gate in ("0.6", "0.01", "1.0"):
         code, out, err = _eval(capsys, d, *common, "--min-retention", gate)
         assert code == 2 and "cannot be decided" in err and "no better than a random ranking" in err, (gate, out)
         assert "PASS" not in out and "FAIL" not in out
+    # a gate of 0 cannot fail: it passes (it was refused, exit 2, failing a pipeline on a gate that asks nothing),
+    # and the text says the figure tells nothing
+    code, out, err = _eval(capsys, d, *common, "--min-retention", "0")
+    assert code == 0 and "PASS: labelled R@10 retention" in out, (out, err)
+    assert "a gate of 0 passes any retention; this one says nothing of the map: the native R@10" in out, out
     code, out, err = _eval(capsys, d, *common, "--side", "source", "--min-retention", "0.6", "--json")
     res = json.loads(out)
     assert code in (0, 1) and res["retrieval"]["labelled"]["undecided"] is None, err   # the side it serves: judged
@@ -97,6 +102,14 @@ def test_a_proxy_gate_on_too_few_pairs_for_its_top_10_is_not_passed(task, capsys
     # the 20-pair draw keeps 11 of 20, under 0.6), as a map no better than a random one should
     assert code in (1, 2) and "PASS" not in out, (out, err)
     assert "a random map keeps as many" in err if code == 2 else "FAIL: nn_retention@10" in out, (out, err)
+    # without a gate the JSON and the text flag it as they flag a labelled retention at chance (they did not)
+    code, out, err = _eval(capsys, d, "--map", "e5-minilm", "--source", d / "old_docs.npy", "--target",
+                           d / "new_docs.npy", "--rows", rows, "--json")
+    proxy = json.loads(out)["retrieval"]["proxy"]
+    assert code == 0 and proxy["chance_p"] >= 0.01 and "a random map keeps as many" in proxy["undecided"], proxy
+    code, out, err = _eval(capsys, d, "--map", "e5-minilm", "--source", d / "old_docs.npy", "--target",
+                           d / "new_docs.npy", "--rows", rows)
+    assert code == 0 and "this nn_retention@10 passes no gate (a gate above it fails): it kept" in out, out
 
 
 def test_a_proxy_gate_on_enough_pairs_is_judged(task, capsys):
@@ -104,6 +117,10 @@ def test_a_proxy_gate_on_enough_pairs_is_judged(task, capsys):
     code, out, err = _eval(capsys, d, "--map", "e5-minilm", "--source", d / "new_docs.npy", "--target",
                            d / "old_docs.npy", "--rows", "0:40", "--min-retention", "0.6")
     assert code in (0, 1) and ("PASS: nn_retention@10" in out or "FAIL: nn_retention@10" in out), (out, err)
+    code, out, err = _eval(capsys, d, "--map", "e5-minilm", "--source", d / "new_docs.npy", "--target",
+                           d / "old_docs.npy", "--rows", "0:40", "--json")
+    proxy = json.loads(out)["retrieval"]["proxy"]
+    assert proxy["undecided"] is None and proxy["chance_p"] < 0.01 and proxy["candidates"] == 39, proxy
 
 
 def test_http_evaluate_refuses_a_gate_at_chance_as_it_refuses_an_undefined_one(task):
@@ -122,6 +139,9 @@ def test_http_evaluate_refuses_a_gate_at_chance_as_it_refuses_an_undefined_one(t
         assert r.status_code == 422 and "no better than a random ranking" in msg and '"side": "source"' in msg, r.text
         r = c.post("/v1/maps/e5-minilm/evaluate", json={**body, "side": "source"})
         assert r.status_code == 200 and r.json()["result"] in ("PASS", "FAIL"), r.text
+        r = c.post("/v1/maps/e5-minilm/evaluate", json={**body, "min_retention": 0})   # as the CLI: a gate of 0
+        res = r.json()
+        assert r.status_code == 200 and res["result"] == "PASS" and res["retrieval"]["labelled"]["undecided"], r.text
         r = c.post("/v1/maps/e5-minilm/evaluate", json={"source": b64(old_docs[:12]), "target": b64(new_docs[:12]),
                                                          "min_retention": 0.6})
         assert r.status_code == 422 and "a random map keeps as many" in r.json()["error"]["message"], r.text
@@ -146,7 +166,7 @@ def test_the_proxy_gate_judges_the_figure_not_the_gate():
 
     X, Y, R = _planted(60)
     perfect = align.LinearMap(R)
-    gates = (0.0, 0.1, 0.3, 0.5, 0.8, 0.9, 1.0)
+    gates = (0.01, 0.1, 0.3, 0.5, 0.8, 0.9, 1.0)
     for n in range(12, 61):
         judged = []
         for gate in gates:
@@ -166,7 +186,20 @@ def test_the_proxy_gate_judges_the_figure_not_the_gate():
     res = retention_gate(other, X, Y, min_retention=0.5)
     assert res["retention"] < 0.2 and res["result"] == "FAIL", res
     with pytest.raises(InputError, match="a random map keeps as many"):
-        retention_gate(other, X, Y, min_retention=0.0)
+        retention_gate(other, X, Y, min_retention=0.01)
+    # a gate of 0, which no figure fails, passes it (and a perfect map on 12 pairs): refused before, as at 0.01;
+    # the figure is still flagged, gate or not (a proxy at chance was flagged only by a gate's refusal)
+    for res in (retention_gate(other, X, Y, min_retention=0.0), retention_gate(perfect, *_planted(12)[:2],
+                                                                               min_retention=0.0)):
+        assert res["result"] == "PASS" and "a random map keeps as many" in res["proxy"]["undecided"], res
+    res = retention_gate(other, X, Y, min_retention=None)
+    assert res["proxy"]["chance_p"] >= 0.01 and res["proxy"]["kept"] == round(res["retention"] * 300), res
+    assert "passes" not in res and "a random map keeps as many" in res["proxy"]["undecided"]
+    assert retention_gate(perfect, *_planted(60)[:2], min_retention=None)["proxy"]["undecided"] is None
+    res = retention_gate(perfect, *_planted(11)[:2], min_retention=None)  # undefined: no gate of it, not even 0
+    assert res["proxy"]["kept"] is None and "undefined" in res["proxy"]["undecided"]
+    with pytest.raises(InputError, match="it is undefined"):
+        retention_gate(perfect, *_planted(11)[:2], min_retention=0.0)
 
 
 def test_an_undecided_labelled_retention_is_not_recorded(task, capsys):
