@@ -209,6 +209,21 @@ def _plan_figure(plan: dict, k_fit: int | None):
     return fig
 
 
+def _beyond_fit(plan: dict, q: dict, k_fit: int | None) -> str:
+    """What the report's verdict owes a K ``q["k"]`` above the fit's own ``k_fit`` pairs: that it is more pairs
+    than this map had (a forecast of refitting with that many, not of this map) and this map's own forecast. The
+    plan's table runs to 10,000 pairs whatever the fit's K, so a fit of 600 pairs read "the best, K = 10000"."""
+    if not k_fit or q["k"] <= k_fit:
+        return ""
+    own = next((p for p in plan["predicted"] if p["k"] == k_fit), None)
+    this = "" if own is None else (f"; this map, from {k_fit} pairs, is forecast {own['retention']:.3f} "
+                                   f"[{own['low']:.3f}, {own['high']:.3f}]")
+    extra = (" (extrapolated beyond the probe)" if any(p["k"] == q["k"] and p["extrapolated"] for p in plan["predicted"])
+             else "")
+    return (f" K = {q['k']} is more pairs than this fit had ({k_fit}): a forecast{extra} for a map fitted again "
+            f"with that many, not of this one{this}.")
+
+
 def _plan_section(plan: dict, k_fit: int | None) -> str:
     rows = "".join(
         f"<tr><td>{q['k']}</td><td>{html.escape(q['method'])}</td>"
@@ -222,12 +237,13 @@ def _plan_section(plan: dict, k_fit: int | None) -> str:
     notes = "".join(f"<li>{html.escape(n)}</li>" for n in plan["notes"])
     best = rec.get("best_migrating")  # none reaches the target: the plan's verdict, never "K = 10000" of 4,096 pairs
     verdict = (f"recommended: method {html.escape(str(rec['method']))}, K = {rec['k']} (target proxy retention "
-               f"{plan['target_retention']:g}; the notes say when no K reaches it).{of}" if best is None else
+               f"{plan['target_retention']:g}; the notes say when no K reaches it).{of}{_beyond_fit(plan, rec, k_fit)}"
+               if best is None else
                f"no K is predicted to reach the target proxy retention {plan['target_retention']:g}: the best, K = "
                f"{best['k']} (method {html.escape(str(best['method']))}), is forecast {best['retention']:.3f} "
-               f"[{best['low']:.3f}, {best['high']:.3f}]. Re-embedding the whole corpus with the new model is the only "
-               f"choice predicted to reach it (<code>vecbridge plan</code> with the corpus sets the choices side by "
-               f"side).")
+               f"[{best['low']:.3f}, {best['high']:.3f}].{_beyond_fit(plan, best, k_fit)} Re-embedding the whole "
+               f"corpus with the new model is the only choice predicted to reach it (<code>vecbridge plan</code> with "
+               f"the corpus sets the choices side by side).")
     return (f"<h2>Migration plan (from a probe of these pairs)</h2>"
             f"<p>alignability (kNN@10 overlap of the two spaces on {plan['n_probe']} probe pairs): "
             f"<b>{plan['alignability']:.3f}</b> beyond chance (raw {plan['knn_overlap']:.3f}) — "

@@ -435,3 +435,29 @@ def test_fit_headline_and_report_label_the_centred_cosine_and_give_the_raw_one(c
     report = re.search(r"report: (\S+)", out).group(1)
     html = Path(report).read_text(encoding="utf-8")
     assert f"train_cos (centred; raw {raw:.4g})<b>{centred:.4g}</b>" in html
+
+
+def test_the_report_plan_says_when_its_k_is_more_pairs_than_the_fit_had():
+    """Review, session 53: the report of a fit of 600 pairs read "no K is predicted to reach ... the best, K = 10000
+    ... is forecast 0.747" (the plan's table runs to 10,000 pairs whatever the fit's K): a K this map never had. It
+    now says that K is more pairs than the fit had, a forecast for a map fitted again with that many, and gives this
+    map's own forecast; a K within the fit's pairs reads as before."""
+    from service.ops.fit_report import report_plan
+
+    X, Y = _planted_pairs(600, noise=3.0)
+    plan, why = report_plan(X, Y, np.random.default_rng(0))
+    assert why is None
+    best, own = plan["recommended"]["best_migrating"], next(q for q in plan["predicted"] if q["k"] == 600)
+    assert best["k"] > 600, best
+    html = render_report(title="t", summary={}, metrics={}, timings={}, diagnostics=None, cosines={}, clouds=None,
+                         paired=True, plan=plan, k_fit=600)
+    assert (f"K = {best['k']} is more pairs than this fit had (600): a forecast (extrapolated beyond the probe) for a "
+            f"map fitted again with that many, not of this one; this map, from 600 pairs, is forecast "
+            f"{own['retention']:.3f} [{own['low']:.3f}, {own['high']:.3f}].") in html, html
+    low = align.plan_migration(X, X[:500], Y[:500], target_retention=0.05, select_rows=False, old_is_sample=True)
+    k = low["recommended"]["k"]
+    for k_fit, beyond in ((k - 1, True), (k, False)):
+        html = render_report(title="t", summary={}, metrics={}, timings={}, diagnostics=None, cosines={},
+                             clouds=None, paired=True, plan=low, k_fit=k_fit)
+        assert f"recommended: method {low['recommended']['method']}, K = {k} (target" in html
+        assert (f"K = {k} is more pairs than this fit had ({k_fit})" in html) is beyond
