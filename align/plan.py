@@ -27,8 +27,9 @@ from .frames import Frame, unit_rows
 from .knn import knn, knn_blocks
 from .learning_curve import _curve_fit, fit_learning_curve, forecast, forecast_per_k, kept_forecast
 from .options import check_callable, check_flag, check_number
-from .plan_checks import (best_migrating, check_curve_informative, check_pairs_beyond_chance,
-                          check_queries_find_relevant, same_up_to_rotation, short_of_target)
+from .plan_checks import (UNPAIRED_MIN_PROBE, best_migrating, check_curve_informative, check_pairs_beyond_chance,
+                          check_queries_find_relevant, same_up_to_rotation, short_of_target, unpaired_note,
+                          unpaired_share)
 from .retrieval import overlap_without_self, relevant_ranks
 
 __all__ = ["select_rows_to_embed", "knn_overlap", "plan_migration", "fit_learning_curve", "forecast", "forecast_per_k",
@@ -363,6 +364,7 @@ def plan_migration(X_old, probe_src, probe_tgt, *, random_state=0, target_retent
        proxy's forecast and recommendation), with their ``labelled`` curve and ``native`` R@10 and a note why.
 
     Returns a JSON-safe dict: ``alignability`` (beyond chance), ``unsupervised_feasible``, ``knn_overlap`` (raw),
+    ``probe_unpaired_share`` (:func:`align.plan_checks.unpaired_share`, None below 200 pairs; a note from 15 %),
     ``curve`` (per K and method the mean and spread), ``fits`` (per method its curve, :func:`forecast`'s input;
     ``fit``: the one of ``best_method``, the best at the largest probe K), ``predicted`` (per target K: method,
     retention, low, high, extrapolated; with labelled queries also ``r10``, the migrated index's predicted R@10 of
@@ -426,6 +428,7 @@ def plan_migration(X_old, probe_src, probe_tgt, *, random_state=0, target_retent
         val, pool = lab.split(rng, p)
         rows = slice(None)  # the whole corpus: a view, not a copy
     P = _Problem(A, B, Xo, None)
+    unpaired = unpaired_share(lambda idx: _ridge(P, idx, 1e-2), A, B) if p >= UNPAIRED_MIN_PROBE else None
     T_val = unit_rows(B[val])
     extra = unit_rows(Xo[rows])
     S_dup, I_dup = knn(extra, unit_rows(A), 1)  # the probe's own texts inside the corpus are not distractors
@@ -551,6 +554,8 @@ def plan_migration(X_old, probe_src, probe_tgt, *, random_state=0, target_retent
     peak = max(((m, q) for m in methods for q in curve[m]), key=lambda mq: mq[1]["mean"])
     if lab is None and peak[1]["mean"] > 1.0:  # the proxy above 1: see OVER_ONE_NOTE (labelled: see 4.)
         notes.append(OVER_ONE_NOTE.format(r=peak[1]["mean"], m=peak[0], k=peak[1]["k"]))
+    if unpaired is not None and (note := unpaired_note(unpaired, p)):
+        notes.append(note)
     if groups is not None:
         notes.append(f"{n_given - p} of the {n_given} probe pairs repeat another pair: the plan is of the {p} distinct "
                      f"ones")
@@ -567,6 +572,7 @@ def plan_migration(X_old, probe_src, probe_tgt, *, random_state=0, target_retent
     return {
         "alignability": overlap, "unsupervised_feasible": bool(overlap >= ALIGNABLE), "knn_overlap": raw_overlap,
         "n_probe": int(p), "n_probe_repeated": int(n_given - p), "n_probe_holdout": int(val.size),
+        "probe_unpaired_share": unpaired,
         "metric": ("nn_retention@10 (simulated labelled retention) on held-out probe" if lab is None else
                    "labelled R@10 retention of the given queries, estimated for the whole corpus"),
         **({} if lab is None else {"n_queries": int(lab.Q.shape[0]), "n_corpus": int(others.sum() + val.size),

@@ -112,3 +112,27 @@ def test_a_whole_corpus_plan_does_not_list_every_row():
     assert sizes[20000] < 1.2 * sizes[2000] and sizes[20000] < 20000, sizes  # was ~6 bytes a row
     part = align.plan_migration(X, X[:200], Y[:200], target_retention=0.99, target_ks=(100, 300, 1000), rows_k=50)
     assert len(part["rows_to_embed"]) == 50 and part["rows_to_embed_all"] is False  # a budget is listed
+
+
+def test_a_probe_half_out_of_step_is_planned_with_a_note_that_estimates_the_unpaired_share(wn):
+    """Review, session 53: half a probe's pairs shuffled (the other half right) passes the chance check and was
+    planned as if fine, its forecast far below the pairs' own and outside its interval (minilm->e5, 1,000 pairs: 0.058
+    [0.017, 0.100] at K = 1,000 against 0.411 unshuffled). A map fitted on half the probe ranks an unpaired row's
+    partner anywhere: the share ranked in the lower half, doubled, estimates the unpaired share, and a note says so."""
+    S, T = wn
+    rng = np.random.default_rng(0)
+    bad = rng.choice(600, 300, replace=False)
+    half = T[3000:].copy()
+    half[bad] = T[3000:][rng.permutation(bad)]
+    clean = align.plan_migration(S[:3000], S[3000:], T[3000:], target_ks=(100, 300, 1000), select_rows=False)
+    res = align.plan_migration(S[:3000], S[3000:], half, target_ks=(100, 300, 1000), select_rows=False)
+    assert clean["probe_unpaired_share"] < 0.05 and not any("look unpaired" in n for n in clean["notes"]), clean
+    assert 0.35 < res["probe_unpaired_share"] < 0.75, res["probe_unpaired_share"]
+    note = next(n for n in res["notes"] if "pairs look unpaired" in n)
+    assert note.startswith(f"about {res['probe_unpaired_share']:.0%} of the probe's 600 pairs") and "check the" in note
+    # the premise: the damaged probe's forecast is off by more than its interval
+    c, h = (next(q for q in r["predicted"] if q["k"] == 300) for r in (clean, res))  # within the probe's K
+    assert h["high"] < c["retention"], (h, c)
+    # under 200 pairs it is not estimated (maps of 25-100 pairs rank real partners low too): no share, no note
+    small = align.plan_migration(S[:3000], S[3000:3190], T[3000:3190], select_rows=False)
+    assert small["probe_unpaired_share"] is None and not any("look unpaired" in n for n in small["notes"])
