@@ -35,9 +35,9 @@ PAIRED_Z = 6.0
 #: alignability (beyond chance) from which two probes' neighbourhoods count as the same
 SAME_SPACE = 0.99
 #: :func:`unpaired_share` from which a probe of at least UNPAIRED_MIN_PROBE pairs gets :func:`unpaired_note`. WordNet,
-#: minilm->e5, glove->minilm, minilm->paraphrase-L3, e5->glove, three draws each: clean probes of 200-1,000 pairs
-#: 0-3 %, a quarter of the pairs shuffled 18-37 %, half 43-67 %; on 50 pairs (maps of 25) clean e5->glove read up
-#: to 36 %, so smaller probes are not judged
+#: minilm->e5, glove->minilm, minilm->paraphrase-L3, e5->glove, probes of 200, 500 and 1,000 pairs (the plan's own
+#: estimate, one draw each): clean 0-5 %, a quarter of the pairs shuffled 22-40 %, half 49-67 % (each noted); on 50
+#: pairs (maps of 25) clean e5->glove read up to 36 % in another estimate, so probes under 200 are not judged
 UNPAIRED_SHARE = 0.15
 UNPAIRED_MIN_PROBE = 200
 
@@ -164,8 +164,8 @@ def unpaired_note(share: float, p: int) -> str | None:
     if p < UNPAIRED_MIN_PROBE or share < UNPAIRED_SHARE:
         return None
     return (f"about {share:.0%} of the probe's {p} pairs look unpaired: a map fitted on the other half of the probe "
-            f"ranks their partner in the lower half of the candidates, as it would a random row (0-3 % of the pairs "
-            f"of clean WordNet probes of 200-1,000 pairs do). If some probe rows are not the same text under both "
+            f"ranks their partner in the lower half of the candidates, as it would a random row (at most 5 % of the "
+            f"pairs of clean WordNet probes of 200-1,000 pairs read so). If some probe rows are not the same text under both "
             f"models (one file out of step from some row on, a bad merge), the curve and the forecast are of the "
             f"damaged probe, far below what its right pairs give (minilm->e5, 1,000 pairs, half shuffled: 0.058 at "
             f"K = 1,000 in [0.017, 0.100], against 0.411 from the same pairs unshuffled): check the probe's rows; if "
