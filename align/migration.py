@@ -30,11 +30,14 @@ the target mean back:
   with :func:`align.retrieval.pair_retrieval_scores` (``score`` = mean of corpus-side MRR,
   query-side MRR and neighbourhood overlap@10; the unpaired rows, up to 4,096 per side, compete
   as the rest of the corpus / index), refits the best on all pairs with the chosen
-  hyper-parameters. Every candidate's scores travel in ``map.metadata["selection"]``.
+  hyper-parameters. Every candidate's scores travel in ``map.metadata["selection"]`` (``chosen``, and why in
+  ``why_chosen``; a candidate's cosine is ``cos_raw``: of the raw output with the native target rows).
 
 ``semi_supervised="sinkhorn"`` then refines an orthogonal map with the unpaired rows
 (:func:`align.semisup.sinkhorn_refine_map`; needs both unpaired sets): procrustes only; a chosen affine
-family is left as fitted, ``metadata["semi_supervised"]["applied"]`` False with its ``why``.
+family is left as fitted, ``metadata["semi_supervised"]["applied"]`` False with its ``why``. ``auto`` then leaves
+``cluster`` out of its candidates (``selection["not_tried"]`` and ``note`` say so); ``candidates=["cluster"]`` is an
+InputError.
 
 - ``"cluster"``: per-cluster local maps (:mod:`align.cluster`): k-means routing on the framed
   source rows (pairs + unpaired, ``random_state``), one affine map per cluster fitted as a ridge
@@ -63,6 +66,10 @@ from .cluster import ClusterMap, ClusterResiduals, cluster_grid, route_centroids
 from .contrastive import ContrastiveConfig, fit_contrastive_W, mine_hard_negatives
 from .exceptions import DimensionMismatchError, InputError, TooFewRowsError
 from .frames import Frame, frame_sum, unit_rows
+from .holdout import check_holdout as _check_holdout
+from .holdout import n_holdout as _n_holdout
+from .holdout import scored_by as _scored
+from .holdout import split as _split
 from .maps import LinearMap
 from .metrics import query_sample, undefined_recall
 from .options import check_callable, check_migration_options, check_number
@@ -362,13 +369,6 @@ def _select_cluster(P: _Problem, tr, val, ridge: LinearMap, alpha: float, opts: 
     return {**scores, **{k: v for k, v in setting.items() if k != "alpha"}}, setting
 
 
-def _check_holdout(holdout, max_holdout) -> None:
-    if isinstance(holdout, bool) or not isinstance(holdout, (int, float, np.number)) or not 0.0 < float(holdout) < 1.0:
-        raise InputError(f"holdout must be a fraction in (0, 1), got {holdout!r}")
-    if isinstance(max_holdout, bool) or not isinstance(max_holdout, (int, np.integer)) or max_holdout < 2:
-        raise InputError(f"max_holdout must be an integer >= 2, got {max_holdout!r}")
-
-
 def check_options(method: str, options: dict, n_pairs: int | None = None,
                   dims: tuple[int, int] | None = None) -> dict:
     """Every check :func:`fit_migration` makes before it reads a row: the method, unknown options, each option's
@@ -395,6 +395,9 @@ def check_options(method: str, options: dict, n_pairs: int | None = None,
     if options.get("semi_supervised") and method in ("cluster", "contrastive"):  # contrastive: never refined
         raise InputError(f"semi_supervised refinement needs an orthogonal map (procrustes); it cannot follow "
                          f"method={method!r}")
+    if options.get("semi_supervised") and method == "auto" and candidates == ("cluster",):  # procrustes was fitted
+        raise InputError("semi_supervised refinement needs a linear map (it refines procrustes), and candidates="
+                         "['cluster'] allow none: give candidates with procrustes, or drop semi_supervised")
     _check_holdout(options.get("holdout", 0.2), options.get("max_holdout", 1000))
     if dims is not None and "rank" in options and options["rank"] > min(dims):
         raise InputError(f"rank must be in [1, {min(dims)}] (the narrower side is {min(dims)}-d), "
@@ -409,42 +412,6 @@ def check_options(method: str, options: dict, n_pairs: int | None = None,
     return options
 
 
-def _scored(method: str) -> str:
-    """Who holds pairs out, for a message: auto's selection, or a single method's held-out score (from 20 pairs)."""
-    return "auto selection" if method == "auto" else f"method={method!r} holds pairs out to score the fit: it"
-
-
-def _n_holdout(u: int, holdout, max_holdout, distinct: str = "", what: str = "auto selection") -> int:
-    """How many of ``u`` distinct pairs are held out: ``holdout`` of them, 2 to ``max_holdout``; TooFewRowsError
-    unless 2 are left to fit (a holdout of 0.99 of 100 pairs was refused as "needs at least 4 pairs, got 100").
-    ``what`` names who holds them out (a procrustes fit said "auto selection needs ...")."""
-    _check_holdout(holdout, max_holdout)
-    n_val = int(min(max_holdout, max(2, round(float(holdout) * u))))
-    if u < 4:
-        raise TooFewRowsError(f"{what} needs at least 4 distinct pairs (2 to fit, 2 held out), got {u}{distinct}")
-    if u - n_val < 2:
-        raise TooFewRowsError(f"holdout {holdout} of {u} pairs{distinct} holds out {n_val} and leaves {u - n_val} to "
-                              f"fit; 2 must be left to fit: give a holdout of at most {int(100 * (u - 2) / u) / 100}")
-    return n_val
-
-
-def _split(n: int, holdout, max_holdout, rng, groups=None, what: str = "auto selection") -> tuple[np.ndarray,
-                                                                                               np.ndarray]:
-    """``(train, held-out)`` rows: ``holdout`` (a fraction in (0, 1)) of the pairs, 2 to ``max_holdout`` of them.
-
-    ``groups`` (:func:`align.validation.pair_groups` of repeated pairs): the distinct pairs are split instead, every
-    copy of a training pair trains and one row of each held-out pair is held out. A copy on both sides was scored
-    as held out: a family that memorises its training pairs (the per-cluster maps) won on it."""
-    u = n if groups is None else groups[0].size
-    distinct = "" if groups is None else f" distinct ones ({n} rows, {n - u} repeating another pair)"
-    n_val = _n_holdout(u, holdout, max_holdout, distinct, what)
-    perm = rng.permutation(u)
-    if groups is None:
-        return np.sort(perm[n_val:]), np.sort(perm[:n_val])
-    first, group = groups
-    return np.sort(np.flatnonzero(~np.isin(group, perm[:n_val]))), np.sort(first[perm[:n_val]])
-
-
 def _score(P: _Problem, m: LinearMap, val, *, retention: bool = False, again: bool = False) -> dict:
     """Held-out scores; the unpaired rows (a sample) compete as the rest of the corpus / index. Each map scored
     counts in ``P.n_scored`` (``again``: a map scored before): the best of that many is chosen on these rows."""
@@ -457,8 +424,8 @@ def _score(P: _Problem, m: LinearMap, val, *, retention: bool = False, again: bo
     return out
 
 
-def _select(P: _Problem, tr, val, candidates, opts, rng) -> tuple[str, dict, dict]:
-    """Fit every candidate on ``tr``, score on ``val``; returns (best name, its settings, all scores)."""
+def _select(P: _Problem, tr, val, candidates, opts, rng) -> tuple[str, dict, dict, str]:
+    """Fit every candidate on ``tr``, score on ``val``; returns (best name, its settings, all scores, why it)."""
     scores: dict = {}
     settings: dict = {}
     t0 = time.perf_counter()
@@ -520,12 +487,24 @@ def _select(P: _Problem, tr, val, candidates, opts, rng) -> tuple[str, dict, dic
     if "procrustes" not in candidates:
         scores.pop("procrustes")
     best = max(scores, key=lambda k: scores[k]["score"])
+    why = "the only candidate fitted" if len(scores) == 1 else f"the best held-out score of {len(scores)} candidates"
     linear = [k for k in scores if k != "cluster"]
     if best == "cluster" and linear:  # a linear map unless the local maps are clearly better
         best_lin = max(linear, key=lambda k: scores[k]["score"])
-        if scores["cluster"]["score"] < scores[best_lin]["score"] + float(opts.get("cluster_margin", 0.01)):
+        margin = float(opts.get("cluster_margin", 0.01))
+        if scores["cluster"]["score"] < scores[best_lin]["score"] + margin:
             best = best_lin
-    return best, settings[best], scores
+            why = (f"the best linear family: cluster's held-out score {scores['cluster']['score']:.4g} does not beat "
+                   f"{best_lin}'s {scores[best_lin]['score']:.4g} by cluster_margin {margin:g}")
+    return best, settings[best], scores, why
+
+
+def _candidate_record(scores: dict) -> dict:
+    """A candidate's held-out scores as ``selection["candidates"]`` records them, floats rounded. Its cosine is of
+    the raw output with the native target rows (what a transform returns), named ``cos_raw`` as the fit's
+    ``train_cos_raw`` and eval's ``cos_raw`` (a bare ``cos`` is of the target's centred frame there: records before
+    this name held the same raw figure as ``cos``)."""
+    return {("cos_raw" if k == "cos" else k): (round(v, 5) if isinstance(v, float) else v) for k, v in scores.items()}
 
 
 def _fit_final(P: _Problem, name: str, setting: dict, opts: dict, rng) -> LinearMap:
@@ -607,8 +586,10 @@ def fit_migration(X_src, Y_tgt, *, method: str = "auto", unpaired_source=None, u
                                             required=method == "cluster" or candidates == ("cluster",))
         if not counts:  # auto: not even 2 clusters within max_cluster_mib
             candidates, budget = tuple(c for c in candidates if c != "cluster"), {**budget, "skipped": True}
-    if options.get("semi_supervised"):  # the Sinkhorn refinement polishes a linear map
-        candidates = tuple(c for c in candidates if c != "cluster") or ("procrustes",)
+    left_out: dict = {}
+    if options.get("semi_supervised") and "cluster" in candidates and method == "auto":  # it refines a linear map
+        candidates = tuple(c for c in candidates if c != "cluster")  # cluster alone: refused by check_options
+        left_out["cluster"] = "semi_supervised refines a linear map (procrustes): a cluster map cannot follow"
     selection: dict = {}
     if method == "auto" or n >= 20:
         groups = pair_groups(X, Y)
@@ -621,14 +602,17 @@ def fit_migration(X_src, Y_tgt, *, method: str = "auto", unpaired_source=None, u
         S.report = P.report
         S.distractors(rng)
         S.report("select", 0.0)
-        name, setting, scores = _select(S, tr, val, cands, options, rng)  # one candidate unless auto
+        name, setting, scores, why = _select(S, tr, val, cands, options, rng)  # one candidate unless auto
         selection = {"metric": "score = mean(corpus_mrr, query_mrr, overlap@10) on held-out pairs",
-                     "n_train": int(tr.size), "n_holdout": int(val.size), "chosen": name, "n_compared": S.n_scored,
-                     "repeated_pairs": 0 if groups is None else int(n - groups[0].size),
+                     "n_train": int(tr.size), "n_holdout": int(val.size), "chosen": name,
+                     "why_chosen": why if method == "auto" else f"method={method!r} was asked for",
+                     "n_compared": S.n_scored, "repeated_pairs": 0 if groups is None else int(n - groups[0].size),
                      "refit_on_all_pairs": setting.get("trained") is None,
-                     "candidates": {k: {kk: (round(vv, 5) if isinstance(vv, float) else vv) for kk, vv in v.items()}
-                                    for k, v in scores.items()},
-                     **({"cluster_budget": budget} if budget and method in ("auto", "cluster") else {})}
+                     "candidates": {k: _candidate_record(v) for k, v in scores.items()},
+                     **({"cluster_budget": budget} if budget and method in ("auto", "cluster") else {}),
+                     **({"not_tried": left_out} if left_out else {})}
+        if left_out:  # said in the fit's notes: the candidates asked for are not all the ones fitted
+            selection["note"] = "; ".join(f"{k} not tried: {v}" for k, v in left_out.items())
         if name == "cluster" and options.get("n_clusters", 0) > tr.size:  # the chosen map's count was capped: say so
             selection["note"] = (f"n_clusters={options['n_clusters']} capped at {tr.size}: the count is chosen on "
                                  f"the {tr.size} training pairs ({val.size} of {n} held out to score the fit), and "

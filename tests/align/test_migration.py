@@ -680,3 +680,51 @@ def test_auto_holds_out_distinct_pairs_so_repeated_pairs_do_not_pick_a_memorisin
             assert sel["candidates"][c]["score"] == pytest.approx(once["candidates"][c]["score"], abs=1e-4)
     with pytest.raises(TooFewRowsError, match="3 distinct"):
         align.fit_migration(np.repeat(X[:3], 5, 0), np.repeat(Y[:3], 5, 0), method="auto")
+
+
+def _semi_data():
+    X, Y = _planted(n=400, d_s=12, d_t=12, seed=5)
+    return X[:200], Y[:200], X[200:], Y[200:]
+
+
+def test_semi_supervised_auto_restricted_to_cluster_is_refused_not_fitted_as_procrustes():
+    """`candidates=["cluster"]` with `semi_supervised` (which refines a linear map) fitted procrustes without a word:
+    the candidates asked for were replaced. It is refused before any fit, as `method="cluster"` is."""
+    X, Y, Us, Ut = _semi_data()
+    for method, cands in (("auto", ["cluster"]), ("auto", "cluster")):
+        with pytest.raises(InputError, match=r"candidates=\['cluster'\]"):
+            align.fit_migration(X, Y, method=method, candidates=cands, semi_supervised="sinkhorn",
+                                unpaired_source=Us, unpaired_target=Ut)
+        with pytest.raises(InputError, match="semi_supervised"):  # what the service calls when a fit is requested
+            align.migration.check_options(method, {"candidates": cands, "semi_supervised": "sinkhorn"})
+
+
+def test_semi_supervised_auto_says_cluster_was_not_tried_and_why_the_family_was_chosen():
+    X, Y, Us, Ut = _semi_data()
+    m = align.fit_migration(X, Y, method="auto", candidates=["ridge", "cluster"], semi_supervised="sinkhorn",
+                            unpaired_source=Us, unpaired_target=Ut)
+    sel = m.metadata["selection"]
+    assert m.metadata["method"] == sel["chosen"] == "ridge" and set(sel["candidates"]) == {"ridge"}
+    assert "semi_supervised" in sel["not_tried"]["cluster"] and "cluster not tried" in sel["note"]
+    assert sel["why_chosen"] == "the only candidate fitted"
+    both = align.fit_migration(X, Y, method="auto", candidates=["procrustes", "ridge"])
+    assert "not_tried" not in both.metadata["selection"] and "note" not in both.metadata["selection"]
+    assert both.metadata["selection"]["why_chosen"] == "the best held-out score of 2 candidates"
+    one = align.fit_migration(X, Y, method="ridge")
+    assert one.metadata["selection"]["why_chosen"] == "method='ridge' was asked for"
+
+
+def test_a_candidates_cosine_is_named_as_of_the_raw_output():
+    """The selection's `cos` was the raw output's cosine with the native rows, where eval's and the fit's bare `cos`
+    are of the target's centred frame: it is `cos_raw` now, and it is the raw figure."""
+    X, Y = _planted(n=400, d_s=10, d_t=14, noise=2.0, seed=3)
+    Y = Y + 3.0 * np.abs(Y).mean()  # a common offset: raw and centred cosines differ
+    m = align.fit_migration(X, Y, method="auto", candidates=["procrustes", "ridge"])
+    sel = m.metadata["selection"]
+    for name, c in sel["candidates"].items():
+        assert "cos" not in c and isinstance(c["cos_raw"], float), (name, c)
+    raw = float(np.mean(np.sum(m.apply(X, output="raw") * unit_rows(Y), axis=1)))
+    centred = align.evaluate(m, X, Y)["cos"]
+    assert abs(raw - centred) > 0.05, (raw, centred)
+    got = sel["candidates"][sel["chosen"]]["cos_raw"]  # held-out pairs of a map of 80 % of them: near, not equal
+    assert abs(got - raw) < abs(got - centred), (got, raw, centred)
