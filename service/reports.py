@@ -25,6 +25,7 @@ import numpy as np
 
 from align.plan import forecast
 
+from .figures import labelled_selection, train_cos_note
 from .storage import atomic_write
 
 __all__ = ["render_report", "write_report", "inner_timings", "pca_2d", "REPORT_CSS"]
@@ -318,7 +319,7 @@ def _table(d: dict, nested: tuple[str, ...] = ()) -> str:
 
 
 _SELECTION_COLS = ("score", "corpus_mrr", "query_mrr", "overlap@10", "corpus_recall@1", "query_recall@1",
-                   "nn_retention@10", "seconds")
+                   "nn_retention@10", "cos_raw", "seconds")  # cos_raw: of the raw output (train_cos is centred)
 
 
 def _cell(v) -> str:
@@ -363,10 +364,7 @@ def _label(key: str, metrics: dict) -> str:
     """A headline figure's label: train_cos is of the target's centred frame, beside which an auto fit's selection
     shows raw cosines (unlabelled, 0.73 beside 0.94 read as a contradiction); the raw one is named with it, as eval
     does ("cos 0.6908 (centred; raw 0.9403)")."""
-    raw = metrics.get("train_cos_raw")
-    if key == "train_cos":
-        return f"train_cos (centred; raw {raw:.4g})" if isinstance(raw, float) else "train_cos (centred)"
-    return key
+    return f"train_cos {train_cos_note(metrics, '.4g')}" if key == "train_cos" else key
 
 
 # The report's one <style> block, the same in every report: the console, whose policy allows no inline style,
@@ -430,7 +428,7 @@ def render_report(*, title: str, summary: dict, metrics: dict, timings: dict, di
                      f"but never chosen for a path; its map is probably wrong.</b></p>")
     parts.append("<div>" + "".join(f"<span class='metric'>{html.escape(_label(k, metrics))}<b>{v:.4g}</b></span>"
                                    for k, v in _headline(metrics).items()) + "</div>")
-    sel = metrics.get("selection")
+    sel = labelled_selection(metrics.get("selection"))  # a record before cos_raw: its raw `cos` under that name
     candidates = isinstance(sel, dict) and isinstance(sel.get("candidates"), dict)
     table = {**metrics, "selection": {k: v for k, v in sel.items() if k != "candidates"}} if candidates else metrics
     parts.append("<h2>Summary and lineage</h2>" + _table(summary, nested=("params",)))

@@ -27,6 +27,7 @@ from ..ops.transform import transform_file
 from ..ops.plans import EVAL_MAX_QUERIES, evaluate_map, plan
 from ..ops.unpaired import UNPAIRED, check_unpaired, check_unpaired_method
 from ..encoders import canonical_name
+from ..figures import train_cos_note
 from ..registry.names import MAX_NAME, utf8_safe
 from ..storage import atomic_write, check_writable
 from ._common import (ROWS, Ctx, FiniteRange, check_text_encoder, description_opt, emit, exit_flagged, file_rows_opts,
@@ -217,8 +218,7 @@ def _ignored_options(method: str, ray_address: str | None, threads: int) -> list
 def _render_fit(reg, v, as_json: bool) -> None:
     d = version_record(reg, v)
     m = v.metrics
-    headline = ", ".join(f"{k}={m[k]:.4f}" + (f" (centred; raw {m['train_cos_raw']:.4f})" if k == "train_cos"
-                                                and isinstance(m.get("train_cos_raw"), float) else "")
+    headline = ", ".join(f"{k}={m[k]:.4f}" + (f" {train_cos_note(m)}" if k == "train_cos" else "")
                          for k in ("train_top1", "train_cos", "criterion", "null_criterion", "mnn_frac", "mnn_mean_cos")
                          if isinstance(m.get(k), (int, float)) and not isinstance(m.get(k), bool))
     if m.get("reliable") is False:

@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 
 from ..encoders import get_encoder
+from ..figures import TRAINING_PAIRS, labelled_selection, train_cos_text
 from ..ops.maps import create_space, delete_space
 from ..registry import NoReliableVersionError, NotFoundError
 from ..registry.gc import GC_WAIT_S
@@ -62,7 +63,17 @@ def registry_show(obj: Ctx, ref, as_json):
     if as_json:
         emit(d, True)
         return
-    echo_record(d)
+    # the figures as the fit's own line labels them: a bare `train_cos` told neither its frame nor that it is of the
+    # training pairs; an old auto fit's candidates' raw `cos` is shown as cos_raw, as new records name it
+    metrics = d["metrics"] = {**d["metrics"], **({"selection": labelled_selection(d["metrics"]["selection"])}
+                                                 if "selection" in d["metrics"] else {})}
+    keys = list(d)
+    at = keys.index("metrics") + 1
+    echo_record({k: d[k] for k in keys[:at]})
+    cos = train_cos_text(metrics)
+    if cos:  # under the metrics it labels
+        click.echo(f"{'train_cos':16} {cos} {TRAINING_PAIRS}")
+    echo_record({k: d[k] for k in keys[at:]})
 
 
 alias_command(registry, "Point NAME@ALIAS at VERSION (or --delete it); a bare NAME means its prod version while "
