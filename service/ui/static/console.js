@@ -113,6 +113,13 @@ const VB = {
   join(a, b) { return /\s$/.test(a) || /^\s/.test(b) || !b ? a + b : a + " " + b; },
   pct(x) { return typeof x === "number" ? (100 * x).toFixed(0) + " %" : "–"; },
 
+  /* train_cos as the fit's own line, its report and `registry show` label it (service/figures.py): of the target's
+     centred frame, the raw output's figure beside it where the version recorded one (older versions: not). */
+  trainCosLabel(m) {
+    const raw = m && m.train_cos_raw;
+    return "train_cos " + (typeof raw === "number" && isFinite(raw) ? `(centred; raw ${raw.toFixed(4)})` : "(centred)");
+  },
+
   /* Reliability verdict of a map version, from its metrics (MiniVec2Vec's label-free check). */
   verdict(v) {
     const m = (v && v.metrics) || {};
@@ -329,14 +336,22 @@ function registryPage() {
       const sel = this.version && this.version.metrics && this.version.metrics.selection;
       if (!sel || !sel.candidates) return null;
       const names = Object.keys(sel.candidates);
-      const want = ["score", "corpus_mrr", "query_mrr", "corpus_recall@1", "query_recall@1", "overlap@10", "seconds"];
-      const cols = want.filter(c => names.some(n => typeof sel.candidates[n][c] === "number"));
-      return { metric: sel.metric, chosen: sel.chosen, n_train: sel.n_train, n_holdout: sel.n_holdout, cols,
-               rows: names.map(n => ({ name: n, values: cols.map(c => sel.candidates[n][c]) })) };
+      // cos_raw: of the raw output (train_cos is centred); records before the name held the same figure as `cos`
+      const cell = (n, c) => {
+        const x = sel.candidates[n];
+        return c === "cos_raw" && !("cos_raw" in x) ? x.cos : x[c];
+      };
+      const want = ["score", "corpus_mrr", "query_mrr", "corpus_recall@1", "query_recall@1", "overlap@10", "cos_raw",
+                    "seconds"];
+      const cols = want.filter(c => names.some(n => typeof cell(n, c) === "number"));
+      return { metric: sel.metric, chosen: sel.chosen, why: sel.why_chosen, note: sel.note, n_train: sel.n_train,
+               n_holdout: sel.n_holdout, cols,
+               rows: names.map(n => ({ name: n, values: cols.map(c => cell(n, c)) })) };
     },
     selectionSummary() {
       const s = this.selection();
-      return `${s.metric}; ${s.n_train} pairs fitted, ${s.n_holdout} held out; chosen: ${s.chosen}`;
+      return `${s.metric}; ${s.n_train} pairs fitted, ${s.n_holdout} held out; chosen: ${s.chosen}` +
+        (s.why ? ` (${s.why})` : "") + (s.note ? `. Note: ${s.note}` : "");
     },
     chosenClass(r) { return r.name === this.selection().chosen ? "ok" : ""; },
     candidateName(r) { return r.name + (r.name === this.selection().chosen ? " ✓" : ""); },
@@ -365,8 +380,11 @@ function registryPage() {
     },
     /* The shown version's numeric metrics: [{name, value}]. */
     metricRows(v) {
-      return Object.entries((v && v.metrics) || {}).filter(([, x]) => typeof x === "number" || typeof x === "boolean")
-        .map(([name, value]) => ({ name, value }));
+      const m = (v && v.metrics) || {};
+      const folded = typeof m.train_cos === "number";  // train_cos_raw is shown in train_cos's label
+      return Object.entries(m).filter(([, x]) => typeof x === "number" || typeof x === "boolean")
+        .filter(([name]) => !(folded && name === "train_cos_raw"))
+        .map(([name, value]) => ({ name: name === "train_cos" ? VB.trainCosLabel(m) : name, value }));
     },
     lineageSpaces(v) { return `${v.source_space} (${v.source_dim}-d) → ${v.target_space} (${v.target_dim}-d)`; },
     hashesOf(v) {

@@ -805,3 +805,59 @@ def test_the_steer_picker_offers_only_steers_that_can_be_applied(browser, tmp_pa
         assert picker.input_value() == "c-pinned@canary"
         assert not t.page.locator("#steer-none-usable").is_visible()
         t.close()
+
+
+def test_the_registry_labels_train_cos_and_the_candidates_raw_cosine_for_new_and_old_versions(browser, tmp_path):
+    """The metrics table showed `train_cos` bare (the target's centred frame, on the training pairs) and
+    `train_cos_raw` as another bare row. train_cos is labelled as the fit's own line labels it, the raw figure in
+    its label (a version recorded without one: "(centred)" alone), and the table says train_* are training-pair
+    figures. The selection table shows each candidate's raw-output cosine as cos_raw, from an older record's `cos`
+    too, and why the family was chosen."""
+    import sqlite3
+
+    from service.api import create_app
+
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((300, 16)).astype(np.float32)
+    Y = X @ rng.standard_normal((16, 12)) + rng.standard_normal((300, 12))
+    Y = (Y + 4.0 * np.abs(Y).mean()).astype(np.float32)  # a common offset: raw and centred cosines differ
+    settings = settings_for(tmp_path)
+    with serve_in_thread(create_app(settings)) as base, httpx.Client(base_url=base, timeout=60.0) as c:
+        for name in ("new", "old"):
+            r = c.post("/v1/fits", headers=W, json={"name": name, "source_space": "a", "target_space": "b",
+                                                    "method": "auto", "params": {"candidates": ["procrustes", "ridge"]},
+                                                    "source": _b64(X), "target": _b64(Y)})
+            assert r.status_code == 202 and _wait_job(c, r.json()["id"])["state"] == "succeeded", r.text
+        m = c.get("/v1/maps/new/versions/1", headers=W).json()["metrics"]
+    assert abs(m["train_cos"] - m["train_cos_raw"]) > 0.01, m  # else the label would tell nothing apart
+    with sqlite3.connect(settings.data_dir / "registry.sqlite") as db:  # "old": as a version before the labels
+        old = json.loads(db.execute("SELECT metrics FROM versions WHERE name = 'old'").fetchone()[0])
+        old.pop("train_cos_raw")
+        old["selection"].pop("why_chosen")
+        for cand in old["selection"]["candidates"].values():
+            cand["cos"] = cand.pop("cos_raw")
+        db.execute("UPDATE versions SET metrics = ? WHERE name = 'old'", (json.dumps(old),))
+    want_raw = {n: f"{x['cos_raw']:.4f}" for n, x in m["selection"]["candidates"].items()}
+    with serve_in_thread(create_app(settings)) as base:
+        t = Page.open(browser, base, "/ui/registry", READ_KEY)
+        for name, label in (("new", f"train_cos (centred; raw {m['train_cos_raw']:.4f})"),
+                            ("old", "train_cos (centred)")):
+            t.page.get_by_role("button", name=name, exact=True).click()
+            table = t.page.locator("#metrics")
+            table.locator("th", has_text="train_cos").first.wait_for()
+            names = table.locator("tbody th").all_inner_texts()
+            assert label in names and "train_cos" not in names and "train_cos_raw" not in names, names
+            row = table.locator("tr", has=t.page.locator("th", has_text=label))
+            assert row.locator("td").inner_text() == f"{m['train_cos']:.4f}"
+            assert "on the pairs the map was fitted on (optimistic" in table.locator("caption").inner_text()
+            sel = t.page.locator("#selection")
+            cols = sel.locator("thead th").all_inner_texts()
+            assert "cos_raw" in cols and "cos" not in cols, cols
+            at = cols.index("cos_raw")
+            for r in sel.locator("tbody tr").all():
+                cand = r.locator("th").inner_text().split()[0]
+                assert r.locator("td").nth(at - 1).inner_text() == want_raw[cand], (name, cand)
+            summary = t.page.locator("#selection-h + p").inner_text()
+            assert ("(the best held-out score of 2 candidates)" in summary) == (name == "new"), summary
+            t.shot(f"registry-labels-{name}")
+        t.close()
