@@ -120,6 +120,25 @@ def test_semi_supervised_that_cannot_refine_the_chosen_map_says_so(capsys, d, tm
     assert job["result"]["version"]["metrics"]["semi_supervised"]["applied"] is False
 
 
+def test_http_auto_over_cluster_alone_with_semi_supervised_is_refused_and_cluster_left_out_is_noted(tmp_path):
+    """auto with candidates ["cluster"] and semi_supervised fitted procrustes without a word; with other candidates
+    beside it, cluster was dropped silently. The first is a 422 before any job, the second a note of the job."""
+    body = {"name": "old->new", "source_space": "old", "target_space": "new", "method": "auto", "random_state": 3,
+            "paired": True, "source": _b64(X[PAIRS]), "target": _b64(Y[PAIRS]), "unpaired_source": _b64(X[200:]),
+            "unpaired_target": _b64(Y[200:]), "params": {"semi_supervised": "sinkhorn", "candidates": ["cluster"]}}
+    with TestClient(create_app(settings_for(tmp_path, max_body_bytes=4_000_000))) as c:
+        r = c.post("/v1/fits", headers=W, json=body)
+        assert r.status_code == 422 and "candidates=['cluster']" in r.json()["error"]["message"], r.text
+        body["params"]["candidates"] = ["procrustes", "cluster"]
+        r = c.post("/v1/fits", headers=W, json=body)
+        assert r.status_code == 202, r.text
+        job = wait_http_job(c, r.json()["id"], headers=W)
+    assert job["state"] == "succeeded", job
+    sel = job["result"]["version"]["metrics"]["selection"]
+    assert sel["chosen"] == "procrustes" and "cluster" in sel["not_tried"] and sel["why_chosen"], sel
+    assert any(n.startswith("cluster not tried: semi_supervised") for n in job["result"]["notes"]), job
+
+
 @pytest.mark.parametrize("args, method, message", [
     (["--unpaired-source", "{d}/old.npy"], "procrustes", "apply to --method auto, contrastive, cluster"),
     (["--unpaired-target", "{d}/new.npy"], "minivec2vec", "minivec2vec fits from two unpaired sets already"),
