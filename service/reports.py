@@ -362,8 +362,8 @@ def _headline(metrics: dict) -> dict:
 
 def _label(key: str, metrics: dict) -> str:
     """A headline figure's label: train_cos is of the target's centred frame, beside which an auto fit's selection
-    shows raw cosines (unlabelled, 0.73 beside 0.94 read as a contradiction); the raw one is named with it, as eval
-    does ("cos 0.6908 (centred; raw 0.9403)")."""
+    shows raw cosines (cos_raw; unlabelled, 0.73 beside 0.94 read as a contradiction); the raw one is named with it,
+    as eval does ("cos 0.6908 (centred; raw 0.9403)") and :mod:`service.figures` everywhere."""
     return f"train_cos {train_cos_note(metrics, '.4g')}" if key == "train_cos" else key
 
 

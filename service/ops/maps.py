@@ -180,7 +180,7 @@ def _diagnose(map_: align.LinearMap, X, Y, paired: bool, rng) -> tuple[dict, dic
             warnings.simplefilter("ignore", VecbridgeWarning)
             ev = align.evaluate(map_, X[idx], Y[idx], csls=False)
         metrics.update({f"train_{k}": v for k, v in ev.items() if k != "n_candidates"})
-        # train_cos is of the target's centred frame; the raw output's, as eval's cos_raw (a selection's cos is raw)
+        # train_cos is of the target's centred frame; the raw output's, as eval's and a selection's cos_raw
         raw = unit_rows(map_.apply(X[idx], output="raw", validate=False))
         metrics["train_cos_raw"] = float(np.mean(np.einsum("ij,ij->i", raw, unit_rows(Y[idx]))))
         metrics["train_n_candidates"] = ev["n_candidates"]
