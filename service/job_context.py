@@ -61,6 +61,8 @@ class JobContext:
                 self._job.stage = stage
             if fraction is not None:
                 self._job.fraction = min(1.0, max(0.0, float(fraction)))
+            if changed:  # where this stage began: its ETA counts the fraction done since (Job._stage_clock)
+                self._job.stage_from = self._job.fraction
         if self._persist is not None and (changed or now - self._persisted_at >= self._interval):
             self._persisted_at = now
             self._persist(self._job)  # also picks up a cancel asked through another process

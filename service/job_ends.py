@@ -9,6 +9,7 @@ from .errors import http_status, kind_of, retry_after_of
 from .job_store import FIT_ADVICE, INTERRUPTED, Job, interrupted_in
 from .registry.retry import may_have_committed
 from .storage import is_storage_error, storage_message
+from .urls import hide_endpoints
 
 __all__ = ["KEPT", "MAX_ERROR_CHARS", "NOT_STARTED", "RELEASED", "SHUT_DOWN", "error_of", "failure", "interrupted",
            "retryable"]
@@ -41,7 +42,7 @@ def retryable(exc: BaseException) -> bool:
 
 def error_of(kind: str, exc: BaseException, default: str = "") -> dict:
     """A job's ``error``: the exception's message, cut to :data:`MAX_ERROR_CHARS` (it is stored and listed)."""
-    msg = str(exc) or default
+    msg = hide_endpoints(str(exc) or default)  # a client reads it: the log has the database's host and port
     if len(msg) > MAX_ERROR_CHARS:
         msg = f"{msg[:MAX_ERROR_CHARS]}… ({len(msg) - MAX_ERROR_CHARS} more characters)"
     return {"type": kind, "message": msg}

@@ -492,6 +492,7 @@ class JobManager:
                 _log.warning("job failed", extra={"fields": {  # which map or steer, asked by which request: the
                     "job_id": job.id, "kind": job.kind, "what": job.description,  # line named neither
                     "request_id": self._requests.get(job.id), "error": job.error,
+                    "exception": f"{type(exc).__name__}: {exc}",  # whole: the error a client reads hides endpoints
                     "trace": "".join(traceback.format_tb(exc.__traceback__, limit=8))}})
             self._count(job.state)
             return

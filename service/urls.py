@@ -218,8 +218,12 @@ def check_pg_userinfo(url: str, what: str = "PostgreSQL URL") -> str:
 #: "/run/postgresql/.s.PGSQL.5432"``, ``host name "db.internal"``; psycopg 3's: ``failed to resolve host
 #: 'db.internal'``, and ``host: 'db.internal', port: '5432', hostaddr: '10.0.0.5'`` naming each attempt of several
 _QUOTED = r"""(?:'[^']*'|"[^"]*"|None)"""  # a Python repr of a str (or None), as psycopg writes them
+# ... and vecbridge's own: ``pgvector: cannot connect to user@db:5432/vb: ...`` (``milvus: cannot connect to
+# http://db:19530: ...``), ``qdrant: https://db:6333 refused the request``; pymilvus's ``server on db:19530``
 _ENDPOINT = re.compile(r'(server at )"[^"]*"(?: \([^)]*\))?, port \d+|(on socket )"[^"]*"|(host name )"[^"]*"'
-                       rf"|(failed to resolve host ){_QUOTED}|(host: ){_QUOTED}, port: {_QUOTED}, hostaddr: {_QUOTED}")
+                       rf"|(failed to resolve host ){_QUOTED}|(host: ){_QUOTED}, port: {_QUOTED}, hostaddr: {_QUOTED}"
+                       r"|(cannot connect to )\S+?(?=: )|(qdrant: )\S+(?= refused the request)"
+                       r"|(connecting to server on )[^\s,]+")
 
 
 def hide_endpoints(message: str) -> str:

@@ -81,12 +81,15 @@ def _domain_handler(request: Request, exc: Exception) -> FastJSONResponse:
     if status == 503 and isinstance(exc, VecbridgeError):  # a part not ready (registry down, LM missing): expected
         _log.warning("service unavailable", extra={"fields": {  # while it lasts, one line a request, no traceback
             "request_id": rid, "path_template": _route(request), "error": f"{type(exc).__name__}: {exc}"}})
-        message = hide_endpoints(message)  # the log has the database's host and port, a client does not
     elif status >= 500:
         _log.error("request failed", exc_info=exc, extra={"fields": {"request_id": rid,
                                                                       "path_template": _route(request)}})
         if not isinstance(exc, VecbridgeError):
             message = f"internal error (request id {rid})"
+    elif hide_endpoints(message) != message:  # a vector database refusing a wrong password: not a 503
+        _log.warning("request refused", extra={"fields": {"request_id": rid, "path_template": _route(request),
+                                                           "error": f"{type(exc).__name__}: {exc}"}})
+    message = hide_endpoints(message)  # the log has the database's host and port, a client does not (any status)
     extra = {"details": exc.details} if isinstance(getattr(exc, "details", None), list) else {}
     return FastJSONResponse(_body(type(exc).__name__, status, message, **extra), status_code=status, headers=headers)
 

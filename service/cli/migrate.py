@@ -15,12 +15,13 @@ from tqdm import tqdm
 from align.exceptions import InputError
 
 from ..ops.vectordb import (check_artifact_folder, checkpoint_status, default_checkpoint, kept_by_migration,
-                              needs_registry, progress_record, run_migration, run_verify, stopped_by, verify_verdict)
+                              needs_registry, progress_record, run_migration, stopped_by)
+from ..ops.verify import run_verify, verify_verdict
 from ..vectordb import MigrationInterrupted
 from ..vectordb.lost import quiet_client_logs
 from . import check_stop
-from ._common import (ROWS, Ctx, FiniteRange, emit, json_opt, random_state_opt, stderr_is_terminal, store_opts,
-                      warn)
+from ._common import (ROWS, Ctx, FiniteRange, emit, json_opt, progress_bar, quiet_opt, random_state_opt,
+                      stderr_is_terminal, store_opts, warn)
 
 __all__ = ["migrate", "verify"]
 
@@ -218,10 +219,11 @@ class _MigrationProgress:
 @click.option("--min-recall", type=FiniteRange(0, 1), default=None,
               help="PASS/FAIL gate on recall@k: exit 1 when below.")
 @json_opt
+@quiet_opt
 @click.pass_obj
 def verify(obj: Ctx, store, text_field, vector_field, id_field, collection, encoder, heldout_source, heldout_target,
            heldout_rows, map_ref, source, source_space, keep_ids, keep_vectors, n_sample, n_queries, k, random_state,
-           min_recall, as_json):
+           min_recall, as_json, quiet):
     """Check a migrated collection: does searching it find what re-embedding would (--encoder, or a held-out
     sample), and (--source) does it hold every source row, mapped?
 
@@ -239,12 +241,17 @@ def verify(obj: Ctx, store, text_field, vector_field, id_field, collection, enco
                          "--source alone checks rows, not recall")
     store = obj.store_url(store)
     quiet_client_logs(store)
-    out = run_verify(store_url=store, **obj.store_auth(), collection=collection, encoder=encoder,
-                     heldout=heldout, heldout_rows=heldout_rows, map_ref=map_ref,
-                     registry=obj.registry if map_ref and needs_registry(map_ref) else None, n_sample=n_sample,
-                     n_queries=n_queries, k=k, random_state=random_state, id_field=id_field,
-                     vector_field=vector_field, text_field=text_field, source=source, source_space=source_space,
-                     keep_ids=keep_ids, keep_vectors=keep_vectors)
+    # the registry: a map's, and the space's encoder an --encoder must be (another model's texts never match)
+    progress, close = progress_bar(quiet=quiet, as_json=as_json)
+    try:
+        out = run_verify(store_url=store, **obj.store_auth(), collection=collection, encoder=encoder,
+                         heldout=heldout, heldout_rows=heldout_rows, map_ref=map_ref,
+                         registry=obj.registry if encoder or (map_ref and needs_registry(map_ref)) else None,
+                         n_sample=n_sample, n_queries=n_queries, k=k, random_state=random_state, id_field=id_field,
+                         vector_field=vector_field, text_field=text_field, source=source, source_space=source_space,
+                         keep_ids=keep_ids, keep_vectors=keep_vectors, progress=progress)
+    finally:
+        close()
     verdict, fails = verify_verdict(out, min_recall=min_recall, source=source, kept_rows=None if source is None else
                                     kept_by_migration(obj.settings.data_dir, source, collection))
     out["verdict"], out["fails"] = verdict, fails  # as the HTTP job's result: why it failed

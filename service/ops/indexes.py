@@ -299,7 +299,7 @@ def check_hits(n_queries: int, k: int, limits) -> None:
                          f"per request (limits.max_hits); send fewer queries per request or a smaller k")
 
 
-_ZERO_MAPPED = "a zero query has no direction, and a map would send it to its offset, to be ranked as a real query"
+ZERO_MAPPED = "a zero query has no direction, and a map would send it to its offset, to be ranked as a real query"
 
 
 def search(resolver: Resolver, idx: SpaceIndex, Q: np.ndarray | None = None, *, texts: list[str] | None = None,
@@ -332,7 +332,7 @@ def search(resolver: Resolver, idx: SpaceIndex, Q: np.ndarray | None = None, *, 
     if tr is not None and tr.map is not None:
         Q = as_matrix(Q, name="vectors", dim=tr.map.source_dim, finite=False)  # the width, as HTTP checks it
         # refused as the index refuses it unmapped: an affine map would send a zero row to its offset, a real query
-        check_no_zero_rows(Q, name="queries", why=NO_DIRECTION if idx.metric == "cosine" else _ZERO_MAPPED)
+        check_no_zero_rows(Q, name="queries", why=NO_DIRECTION if idx.metric == "cosine" else ZERO_MAPPED)
         # a NaN row unchecked by the caller is named as such (validate), not as an overflow; the output is finite
         Q, finite = tr.map.apply(Q, output="raw", validate=not finite, name="queries"), True
     check_hits(Q.shape[0], k, limits)

@@ -4,7 +4,7 @@
 Milvus / PostgreSQL / Qdrant collection.)
 
 ``vecbridge migrate`` / ``vecbridge verify`` and ``python -m service.vectordb migrate`` parse their
-arguments, call :func:`run_migration` / :func:`checkpoint_status` / :func:`run_verify`, and render
+arguments, call :func:`run_migration` / :func:`checkpoint_status` / :func:`service.ops.verify.run_verify`, and render
 the result; the work itself is :func:`service.vectordb.migrate` and
 :func:`service.vectordb.verify_migration`.
 
@@ -14,8 +14,7 @@ migration to stop after the batch in flight (written and checkpointed), which th
 second signal stops at once (KeyboardInterrupt) — still safe, the resumed run rewrites at most one batch.
 
 The HTTP service also searches a collection with queries of another space (:func:`search_collection`, the
-query-side migration) through one :class:`SharedStore`; :func:`verify_verdict` is the PASS/FAIL rule of both
-``verify`` faces.
+query-side migration) through one :class:`SharedStore`; :mod:`service.ops.verify` checks a migrated collection.
 """
 
 from __future__ import annotations
@@ -67,10 +66,8 @@ __all__ = [
     "progress_record",
     "read_keep",
     "run_migration",
-    "run_verify",
     "search_collection",
     "search_rows",
-    "verify_verdict",
 ]
 
 
@@ -467,94 +464,6 @@ def list_checkpoints(data_dir) -> list[dict]:
     return out
 
 
-def run_verify(*, store_url: str, collection: str, encoder: str | None = None, heldout: tuple | None = None,
-               heldout_rows: str | None = None, map_ref=None, registry=None, n_sample: int = 2000,
-               n_queries: int = 200, k: int = 10,
-               random_state: int = 0, id_field: str | None = None, vector_field: str | None = None,
-               text_field: str | None = None, source: str | None = None, api_key: str | None = None,
-               ca_file=None, source_space: str | None = None, space_option: str = "--source-space", keep_ids=None,
-               keep_vectors=None) -> dict:
-    """Verify a migrated collection: re-embed its stored texts with ``encoder``, or compare a held-out
-    paired sample ``heldout = (old-model vectors path, new-model vectors path)`` (rows ``heldout_rows``,
-    ``"START:STOP"``) through ``map_ref``; with ``source`` (and ``map_ref``) also check every row of the
-    collection against ``map_ref(source row)`` (:func:`service.vectordb.check_rows`: missing, extra, wrong),
-    once ``source``'s space is the map's (recorded, ``source_space``, or its rows: as a migration checks it;
-    ``space_option``: how the face declares ``source_space``, for the messages). ``keep_ids`` / ``keep_vectors``
-    (with ``source``; files or arrays, as :func:`run_migration` takes them): the rows that migration kept as
-    re-embedded, checked against their given vectors instead of the map's."""
-    from ..vectordb import check_rows, verify_migration
-
-    if encoder is not None and heldout is not None:
-        raise InputError("give either --encoder (re-embed the stored texts) or --heldout-source/--heldout-target")
-    if encoder is None and heldout is None and source is None:
-        raise InputError("give --encoder (re-embed the stored texts), --heldout-source/--heldout-target, or "
-                         "--source with --map (check every row against its source row)")
-    if source is not None and map_ref is None:
-        raise InputError("--source needs --map (the migration's map)")
-    if source_space is not None and source is None:
-        raise InputError(f"{space_option} declares the space of the source collection's rows: give it with the "
-                         "source (and its map)")
-    if (keep_ids is not None or keep_vectors is not None) and source is None:
-        raise InputError("--keep-ids/--keep-vectors name the rows a migration kept as re-embedded: give them with "
-                         "--source and --map (the rows check)")
-    keep_ids, keep_vectors = read_keep(keep_ids, keep_vectors, "checking kept re-embedded rows")
-    embed = X_Y = None
-    if encoder is not None:
-        from ..encoders import canonical_name, get_encoder
-
-        canonical_name(encoder)  # an unknown name fails now; the model loads once the collection has been read
-
-        def embed(texts):
-            return get_encoder(encoder).encode(texts, kind="passage")
-    elif heldout is not None:
-        from ..io import read_vectors
-
-        if map_ref is None:
-            raise InputError("a held-out check needs --map")
-        X_Y = tuple(read_vectors(p, rows=heldout_rows, encoder_option=None) for p in heldout)
-    store = open_store_for(store_url, id_field=id_field, vector_field=vector_field, text_field=text_field,
-                           api_key=api_key, ca_file=ca_file)
-    try:
-        with lost_as_unavailable(store, "run the same command again"):
-            out = {"mode": "rows"}
-            if embed is not None or X_Y is not None:
-                out = verify_migration(store, collection, embed=embed, heldout=X_Y, map_=map_ref, registry=registry,
-                                       n_sample=n_sample, n_queries=n_queries, db_queries=n_queries, k=k,
-                                       random_state=random_state)
-            if source is not None:
-                out["source"] = source
-                out.update(check_rows(store, source, collection, map_ref, registry=registry,
-                                      source_space=source_space, space_option=space_option, keep_ids=keep_ids,
-                                      keep_vectors=keep_vectors))
-    finally:
-        store.close()
-    out["collection"] = collection
-    return out
-
-
-def verify_verdict(out: dict, *, min_recall: float | None, source: str | None,
-                   kept_rows: int | None = None) -> tuple[str | None, list[str]]:
-    """``(verdict, why)`` of :func:`run_verify`'s figures: ``"FAIL"`` when recall@k is below ``min_recall`` or (with
-    ``source``) a row is missing, extra or wrong, ``"PASS"`` otherwise, None when nothing was gated. ``kept_rows``
-    (:func:`kept_by_migration`): the size of the migration's keep set, for the reason of wrong vectors checked
-    without it (0: it kept none, no such reason; None: unknown, they may be kept rows)."""
-    fails = []
-    if min_recall is not None and out[f"recall@{out['k']}"] < min_recall:
-        fails.append(f"recall@{out['k']} below {min_recall}")
-    if source is not None and not out["rows_ok"]:
-        fails.append("rows differ from the source's")
-        wrong = out.get("wrong_vectors") or 0
-        if wrong and wrong == out.get("rows_target"):  # every one: another map?
-            fails.append("every vector differs from map(source row): was the collection migrated with another "
-                         "version of the map (its checkpoint records it as NAME:N)?")
-        elif wrong and "kept_checked" not in out and kept_rows != 0:  # kept rows hold their own vectors
-            said = (f"its checkpoint records a keep set of {kept_rows} re-embedded rows (migrate --keep-ids)"
-                    if kept_rows else "may be re-embedded rows the migration kept (migrate --keep-ids)")
-            fails.append(f"{wrong} wrong vector(s): {said}; give verify the same --keep-ids/--keep-vectors (`keep` "
-                         "over HTTP) to check them against their given vectors")
-    return (None if min_recall is None and source is None else ("FAIL" if fails else "PASS")), fails
-
-
 def progress_record(p: MigrationProgress) -> dict:
     """The JSON line both faces print per batch: ``done``, ``total``, ``last_id``, ``rows_per_s``."""
     return {"done": p.done, "total": p.total, "last_id": p.last_id, "rows_per_s": round(p.rows_per_s, 1)}
@@ -613,9 +522,12 @@ def search_rows(Q, metric: str):
     (NotRepresentableError: scores would overflow float32, NaN hits dropped)."""
     from ..indexes.kinds import prep_rows
 
-    return prep_rows(Q, "cosine" if metric == "cosine" else "ip", "queries",
-                     why="a cosine collection ranks rows by direction and a zero query has none (every row "
-                         "would score 0); send a nonzero query")
+    return prep_rows(Q, "cosine" if metric == "cosine" else "ip", "queries", why=ZERO_COSINE)
+
+
+#: why a cosine collection refuses an all-zero query (:func:`search_rows`, and before a map: :func:`search_collection`)
+ZERO_COSINE = ("a cosine collection ranks rows by direction and a zero query has none (every row would score 0); send "
+               "a nonzero query")
 
 
 def search_collection(store: VectorStore, resolver, collection: str, Q, *, space: str, map_ref=None, k: int = 10,
@@ -637,8 +549,16 @@ def search_collection(store: VectorStore, resolver, collection: str, Q, *, space
         raise InputError(f"collection {collection!r} records no embedding space: give collection_space (the space "
                          "of its vectors), or record it (a migration does; VectorStore.set_space)")
     tr = resolver.translation(space, cs, map_ref)
-    Q = Q if tr.map is None else tr.map.apply(Q, output="raw")
-    S, I = store.search(collection, search_rows(Q, store.metric(collection)), k)
+    metric = store.metric(collection)
+    if tr.map is not None:  # refused as an index search refuses it (service.ops.indexes.search): a map sent a zero
+        # row to its offset, ranked as a real query (200, arbitrary hits)
+        from align.validation import check_no_zero_rows
+
+        from .indexes import ZERO_MAPPED
+
+        check_no_zero_rows(Q, name="queries", why=ZERO_COSINE if metric == "cosine" else ZERO_MAPPED)
+        Q = tr.map.apply(Q, output="raw")
+    S, I = store.search(collection, search_rows(Q, metric), k)
     results = [[{"id": id_key(i), "score": float(s)} for i, s in zip(ri, rs) if s > float("-inf")]
                for ri, rs in zip(I.tolist(), S.tolist())]
     return {"collection": collection, "collection_space": cs, "space": space, "maps": tr.describe(),

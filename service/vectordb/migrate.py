@@ -542,14 +542,18 @@ def _migrate(store: VectorStore, source: str, target: str, map_, *, alias, batch
             state["batches"] += 1
             state["updated_at"] = time.time()
             checkpoint.save(state)
-            if progress is not None:
-                el = time.perf_counter() - t0
-                progress(MigrationProgress(source, target, int(state["done"]), int(total), int(state["batches"]),
-                                           state["last_id"], el, rows_run / el if el > 0 else 0.0))
-            if should_stop is not None and should_stop():
-                raise MigrationInterrupted(f"stopped after {state['done']} of {total} rows (checkpointed at id "
+            stopped = MigrationInterrupted(f"stopped after {state['done']} of {total} rows (checkpointed at id "
                                            f"{state['last_id']}); run the same command again to resume",
                                            int(state["done"]), int(total))
+            if progress is not None:
+                el = time.perf_counter() - t0
+                try:  # a job's progress raises Cancelled on a cancel: the same words as a stop seen below
+                    progress(MigrationProgress(source, target, int(state["done"]), int(total), int(state["batches"]),
+                                               state["last_id"], el, rows_run / el if el > 0 else 0.0))
+                except Cancelled as exc:
+                    raise stopped from exc
+            if should_stop is not None and should_stop():
+                raise stopped
         _finalize(store, source, target, should_stop, int(state["done"]), int(total))
         n_src, n_tgt = store.count(source), store.count(target)
         if n_src != n_tgt:  # the scan resumes after the last id written: a row written to the source meanwhile at an id

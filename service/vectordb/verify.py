@@ -50,11 +50,12 @@ from .migrate import check_spaces, map_spaces, resolve_map
 __all__ = ["verify_migration", "compare_to_reference", "check_rows"]
 
 _SHOW = 10  # ids named per kind of fault
+EMBED_BLOCK = 256  # texts re-embedded between two progress reports
 
 
 def check_rows(store: VectorStore, source: str, target: str, map_, *, registry=None, batch_size: int = 2000,
                tol: float = 1e-3, source_space: str | None = None, space_option: str = "--source-space",
-               keep_ids=None, keep_vectors=None) -> dict:
+               keep_ids=None, keep_vectors=None, progress: Callable[[str, float], None] | None = None) -> dict:
     """Is ``target`` exactly ``map(source)``, row for row? See the module docs (``missing_rows``, ``extra_rows``,
     ``wrong_vectors`` with up to 10 ids each, ``max_rel_error``, ``rows_source``, ``rows_target``, ``space_check``).
 
@@ -69,7 +70,8 @@ def check_rows(store: VectorStore, source: str, target: str, map_, *, registry=N
     vectors, checked as :func:`~service.vectordb.migrate` checks them; such a row is right when it holds its given
     vector (same ``tol``), every other row when it holds ``map(source row)``. Adds ``kept_checked`` (kept rows both
     collections hold), ``kept_wrong`` (of them, the wrong ones: counted in ``wrong_vectors`` too) and
-    ``keep_not_found`` (ids of the set no source row has)."""
+    ``keep_not_found`` (ids of the set no source row has). ``progress("rows", fraction)``: after each source batch
+    (a job's raises Cancelled there: a big check stopped by a cancel within one batch)."""
     map_src, map_tgt = map_spaces(map_, registry)
     m = resolve_map(map_, registry)
     d_t = store.dim(target)  # a missing target is named first: it is the collection checked
@@ -88,7 +90,11 @@ def check_rows(store: VectorStore, source: str, target: str, map_, *, registry=N
     ids_t = np.sort(store.ids(target))  # sorted here: engines page in their own order (UUIDs)
     seen, missing, wrong, worst, n_missing, n_wrong = [], [], [], 0.0, 0, 0
     fields_wrong, n_fields_wrong = [], 0
+    n_source, n_seen = (store.count(source), 0) if progress is not None else (0, 0)
     for b in store.scan(source, batch_size=batch_size, with_fields=True):
+        if progress is not None:  # before the batch's work: a cancel asked during the last one stops here
+            progress("rows", min(n_seen / n_source, 1.0) if n_source else 0.0)
+            n_seen += len(b)
         seen.append(b.ids)
         kept = np.zeros(len(b), bool)
         if keep is not None:
@@ -191,7 +197,7 @@ def compare_to_reference(Y_ref, Y_hat, *, n_queries: int = 200, k: int = 10) -> 
 
 def verify_migration(store: VectorStore, target: str, *, embed: Callable | None = None, heldout=None, map_=None,
                      registry=None, n_sample: int = 2000, n_queries: int = 200, db_queries: int = 200, k: int = 10,
-                     random_state=0) -> dict:
+                     random_state=0, progress: Callable[[str, float], None] | None = None) -> dict:
     """Verify a migrated collection against re-embedded texts (``embed``) or a held-out paired sample.
 
     Parameters
@@ -203,13 +209,18 @@ def verify_migration(store: VectorStore, target: str, *, embed: Callable | None 
         Old- and new-model vectors of the same items, with ``map_`` (a map of any kind, path or ref).
     n_sample, n_queries, db_queries, k : sizes (see module docs).
     random_state : seed for the id sample.
+    progress : ``progress(stage, fraction)``, optional
+        Called at each stage (``sample``, ``embed`` per block of :data:`EMBED_BLOCK` texts, ``search``); a job's
+        raises Cancelled, so a cancel stops the check within one block.
 
     Returns
     -------
     dict of figures plus ``mode`` ("reembed" or "heldout").
     """
     rng = check_random_state(random_state)
+    report = progress if progress is not None else (lambda stage, fraction: None)
     if embed is not None:
+        report("sample", 0.0)
         ids = store.ids(target)
         if ids.shape[0] < 2:
             raise InputError(f"{target!r} has fewer than 2 rows")
@@ -217,7 +228,12 @@ def verify_migration(store: VectorStore, target: str, *, embed: Callable | None 
         batch = store.fetch(target, sample)
         if batch.texts is None or any(t is None for t in batch.texts):
             raise InputError(f"rows of {target!r} carry no texts; verify with heldout=(X, Y) and map_ instead")
-        Y_ref = as_matrix(embed(list(batch.texts)), name="embed(texts)", dim=batch.vectors.shape[1])
+        texts, parts = list(batch.texts), []
+        for s in range(0, len(texts), EMBED_BLOCK):  # in blocks: progress and a cancel between them
+            report("embed", s / len(texts))
+            parts.append(as_matrix(embed(texts[s:s + EMBED_BLOCK]), name="embed(texts)", dim=batch.vectors.shape[1]))
+        Y_ref = np.concatenate(parts)
+        report("search", 0.0)
         out = compare_to_reference(Y_ref, batch.vectors, n_queries=n_queries, k=k)
         nq = min(int(db_queries), sample.shape[0])
         _, I = store.search(target, Y_ref[:nq], k)

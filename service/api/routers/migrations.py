@@ -19,15 +19,15 @@ from fastapi import APIRouter
 from align.exceptions import InputError
 
 from ...encoders import canonical_name
+from ...urls import hide_endpoints
 from ...ops.vectordb import (
     configured_url,
     default_checkpoint,
     kept_by_migration,
     list_checkpoints,
     run_migration,
-    run_verify,
-    verify_verdict,
 )
+from ...ops.verify import check_encoder_space, run_verify, verify_verdict
 from ...vectordb.base import check_name
 from ...vectordb.keep import check_keep
 from ..codec import parse_json, validate, vectors_from_json
@@ -112,7 +112,8 @@ list_route(router, "/migrations", name="list_migrations", response_model=Migrati
 def _for_clients(status: dict) -> dict:
     """A migration's status as an HTTP client sees it: a registry URL other than a SQLite file's (host, port, user)
     in its resume command is ``REGISTRY``, as 503 bodies and /readyz hide the registry's endpoints; the note says
-    what to give there."""
+    what to give there. Its words (``why``, a damaged file's ``error``) hide a database's endpoints, as errors do."""
+    status = {k: hide_endpoints(v) if k in ("why", "error") and isinstance(v, str) else v for k, v in status.items()}
     argv = shlex.split(status["resume"]) if status.get("resume") else []
     if "--registry-url" not in argv or argv[argv.index("--registry-url") + 1].startswith("sqlite:"):
         return status
@@ -150,6 +151,8 @@ def create_verification(body: bytes, request, state, settings):
     if opts.min_recall is not None and opts.encoder is None:
         raise InputError("min_recall gates the recall of the encoder check; source alone checks rows, not recall")
     encoder = None if opts.encoder is None else canonical_name(opts.encoder)  # 404 for an unknown encoder
+    if encoder is not None and state.vectordb is not None:  # another model than the space's: 422 now (one read)
+        check_encoder_space(state.registry, opts.collection, _recorded_space(state, opts.collection), encoder)
     ref = None
     if opts.source is not None:
         check_name(opts.source)
@@ -164,7 +167,7 @@ def create_verification(body: bytes, request, state, settings):
     def job(ctx):
         ctx.progress("verify", 0.0)
         out = run_verify(store_url=url, collection=opts.collection, encoder=encoder, map_ref=ref,
-                         registry=state.registry if ref else None, n_sample=opts.n_sample, n_queries=opts.queries,
+                         registry=state.registry, progress=ctx.progress, cancelled=ctx.cancel_asked, n_sample=opts.n_sample, n_queries=opts.queries,
                          k=opts.k, random_state=opts.random_state, id_field=opts.id_field,
                          vector_field=opts.vector_field, text_field=opts.text_field, source=opts.source,
                          source_space=opts.source_space, space_option="source_space",
@@ -176,3 +179,14 @@ def create_verification(body: bytes, request, state, settings):
         return out
 
     return job, f"verify {opts.collection}" + (f" against {opts.source} through {ref}" if ref else "")
+
+
+def _recorded_space(state, collection: str) -> str | None:
+    """The space ``collection`` records, read through the service's shared connection; None when it cannot be read
+    now (a missing collection, the database down): the job meets that and says so, as it did."""
+    from align.exceptions import VecbridgeError
+
+    try:
+        return state.vectordb.call(lambda store: store.get_space(collection))
+    except VecbridgeError:
+        return None

@@ -198,6 +198,7 @@ def test_a_verification_job_checks_every_row_and_names_the_wrong_ones(world):
     assert job["state"] == "succeeded", job
     job = _verify(world, collection="h_ver", source="h_src", map="a2b")
     assert job["kind"] == "verify" and job["state"] == "succeeded", job
+    assert "rows" in job["timings"]["stages"], job  # its progress per source batch (a cancel stops it there)
     out = job["result"]
     assert out["verdict"] == "PASS" and out["rows_ok"] and out["rows_source"] == out["rows_target"] == 300
     with open_store(world["url"]) as s:

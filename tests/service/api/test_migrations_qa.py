@@ -1,0 +1,173 @@
+"""What QA of the migration, verification and collection routes found (session 53), each pinned:
+
+- a verification reported no progress and ignored a cancel (one job worker: every other job waited behind it);
+- a vector database's host and port reached clients (a 503 of a collection search, a failed job's error);
+- ``encoder`` other than the space's registered one ran and said FAIL, blaming the migration;
+- a migration cancelled from its progress callback said "cancelled during migrate", not how to resume;
+- a collection search with an all-zero query through a map answered 200 with arbitrary hits.
+"""
+
+from __future__ import annotations
+
+import socket
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+from _api_support import W, settings_for
+from _jobs_support import wait_http_job
+from fastapi.testclient import TestClient
+
+import align
+from align.exceptions import Cancelled, InputError
+
+
+def _closed_port() -> int:
+    """A local port nothing listens on (bound, then closed)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def qstore():
+    pytest.importorskip("qdrant_client")
+    from service.vectordb import QdrantStore
+
+    s = QdrantStore(path=":memory:")
+    yield s
+    s.close()
+
+
+def _pairs(n=300, d=16, seed=0):
+    rng = np.random.default_rng(seed)
+    X = rng.normal(size=(n, d)).astype(np.float32)
+    Q, _ = np.linalg.qr(rng.normal(size=(d, d)))
+    return X, (X @ Q).astype(np.float32)
+
+
+def test_a_row_check_reports_each_batch_and_stops_on_a_cancel(qstore):
+    """check_rows reports ``rows`` before each source batch; a progress that raises Cancelled (a job's, on DELETE
+    /v1/jobs/{id}) stops it there. Before, it took no progress: a verification ran to its end whatever was asked."""
+    from service.vectordb import check_rows, migrate
+
+    X, Y = _pairs()
+    m = align.fit_procrustes(X, Y)
+    qstore.create("src", X.shape[1])
+    qstore.upsert("src", np.arange(len(X)), X)
+    migrate(qstore, "src", "dst", m, batch_size=100)
+    seen = []
+    out = check_rows(qstore, "src", "dst", m, batch_size=50, progress=lambda s, f: seen.append((s, f)))
+    assert out["rows_ok"] and [s for s, _ in seen] == ["rows"] * 6, seen
+    assert [round(f, 3) for _, f in seen] == [round(i / 6, 3) for i in range(6)]
+
+    def stop_at_third(stage, f):
+        if f >= 2 / 6 - 1e-9:
+            raise Cancelled("job x cancelled during rows")
+
+    with pytest.raises(Cancelled):
+        check_rows(qstore, "src", "dst", m, batch_size=50, progress=stop_at_third)
+
+
+def test_a_reembedding_check_reports_its_stages_and_embeds_in_blocks(qstore):
+    from service.vectordb import verify_migration
+    from service.vectordb.verify import EMBED_BLOCK
+
+    n = EMBED_BLOCK + 44
+    X, _ = _pairs(n=n)
+    qstore.create("t", X.shape[1])
+    qstore.upsert("t", np.arange(n), X, [f"text {i}" for i in range(n)])
+    calls, seen = [], []
+
+    def embed(texts):
+        calls.append(len(texts))
+        return X[[int(t.split()[1]) for t in texts]]
+
+    out = verify_migration(qstore, "t", embed=embed, n_sample=n, n_queries=20, progress=lambda s, f: seen.append(s))
+    assert out["partner_top1"] == 1.0 and calls == [EMBED_BLOCK, 44]
+    assert seen == ["sample", "embed", "embed", "search"], seen
+
+
+def test_verify_refuses_an_encoder_other_than_the_spaces(qstore, monkeypatch):
+    """A collection of space e5 (embedded by multilingual-e5-small) verified with all-MiniLM-L6-v2: its texts
+    re-embedded by another model can never match; the check ran and said FAIL (cos 0.003), blaming the migration."""
+    import service.ops.verify as ov
+
+    X, _ = _pairs(n=20, d=384)
+    qstore.create("c", 384)
+    qstore.set_space("c", "e5")
+    qstore.upsert("c", np.arange(20), X, [f"t{i}" for i in range(20)])
+    monkeypatch.setattr(ov, "open_store_for", lambda *a, **kw: _Unclosed(qstore))
+    registry = SimpleNamespace(get_space=lambda name: SimpleNamespace(encoder="multilingual-e5-small"))
+    with pytest.raises(InputError, match="records space 'e5', embedded by 'multilingual-e5-small'.*"
+                                         "all-MiniLM-L6-v2"):
+        ov.run_verify(store_url="qdrant://unused", collection="c", encoder="all-MiniLM-L6-v2", registry=registry)
+
+
+class _Unclosed:
+    """``store`` whose close() does nothing (the fixture closes it)."""
+
+    def __init__(self, store):
+        self._s = store
+
+    def __getattr__(self, name):
+        return (lambda: None) if name == "close" else getattr(self._s, name)
+
+
+def test_a_migration_cancelled_from_its_progress_says_how_to_resume(qstore):
+    """A job's progress raises Cancelled on a cancel: the migration said "job ... cancelled during migrate" then,
+    and "stopped after N of M rows ...; run the same command again to resume" only when the stop was seen after."""
+    from service.vectordb import MemoryCheckpoint, MigrationInterrupted, migrate
+
+    X, Y = _pairs()
+    qstore.create("src", X.shape[1])
+    qstore.upsert("src", np.arange(len(X)), X)
+
+    def cancel(p):
+        raise Cancelled("job j cancelled during migrate")
+
+    with pytest.raises(MigrationInterrupted, match=r"stopped after 100 of 300 rows .*run the same command again"):
+        migrate(qstore, "src", "dst", align.fit_procrustes(X, Y), batch_size=100, checkpoint=MemoryCheckpoint(),
+                progress=cancel)
+
+
+@pytest.mark.parametrize("engine", ["pgvector", "milvus"])
+def test_an_unreachable_database_is_not_named_to_clients(tmp_path, engine, caplog):
+    """The 503 of a collection search and a failed job's error hide the database's host and port (the log has
+    them): pgvector's said "cannot connect to postgres@127.0.0.1:PORT/postgres", Milvus's its URL twice."""
+    pytest.importorskip("psycopg" if engine == "pgvector" else "pymilvus")
+    from _servers import seed_registry
+
+    from service.api import create_app
+
+    port = _closed_port()
+    url = (f"postgresql://postgres@127.0.0.1:{port}/postgres" if engine == "pgvector"
+           else f"milvus://127.0.0.1:{port}")
+    seed_registry(tmp_path / "data")
+    with TestClient(create_app(settings_for(tmp_path, vectordb_url=url))) as c:
+        r = c.post("/v1/collections/docs/search", json={"vectors": [[1.0] * 16], "space": "a", "k": 1}, headers=W)
+        assert r.status_code == 503, r.text
+        jid = c.post("/v1/migrations", json={"source": "s", "target": "t", "map": "a2b"}, headers=W).json()["id"]
+        job = wait_http_job(c, jid, timeout=120, headers=W)
+        listed = c.get("/v1/jobs", headers=W).text
+    said = r.json()["error"]["message"] + job["error"]["message"] + listed
+    assert job["state"] == "failed" and "cannot connect to ***" in job["error"]["message"], job
+    assert "cannot connect to ***" in r.json()["error"]["message"]
+    assert str(port) not in said and "127.0.0.1" not in said, said
+
+
+def test_a_zero_query_through_a_map_is_refused_as_an_index_search_refuses_it(qstore):
+    """A collection of space b searched with space-a queries: an all-zero one went through the map to its offset
+    and was ranked (200, arbitrary hits); an index search refuses it by name."""
+    from service.ops.vectordb import search_collection
+
+    X, Y = _pairs()
+    m = align.fit_procrustes(X, Y)
+    qstore.create("b_rows", X.shape[1])
+    qstore.set_space("b_rows", "b")
+    qstore.upsert("b_rows", np.arange(50), m.apply(X[:50], output="raw"))
+    resolver = SimpleNamespace(translation=lambda s, t, ref: SimpleNamespace(map=m, describe=lambda: []))
+    ok = search_collection(qstore, resolver, "b_rows", X[:3], space="a", k=1)
+    assert [h[0]["id"] for h in ok["results"]] == [0, 1, 2]
+    with pytest.raises(InputError, match="all-zero"):
+        search_collection(qstore, resolver, "b_rows", np.zeros((1, X.shape[1]), np.float32), space="a", k=1)
