@@ -39,6 +39,7 @@ from ..registry.errors import IntegrityError
 from ..urls import safe_url
 from ..vectordb import (
     Checkpoint,
+    CheckpointMismatchError,
     FileCheckpoint,
     MigrationInterrupted,
     MigrationProgress,
@@ -249,11 +250,21 @@ def run_migration(*, store_url: str, source: str, target: str, map_ref, checkpoi
         if type(exc) is not IntegrityError or registry is None or not str(exc).startswith("artifact "):
             raise
         raise IntegrityError(f"{exc}; {_artifact_folder_hint(registry, cli=space_option.startswith('--'))}") from None
+    except CheckpointMismatchError as exc:  # its words name the CLI's --checkpoint, which HTTP has no field for
+        if space_option.startswith("--") or "--checkpoint" not in str(exc):
+            raise
+        raise CheckpointMismatchError(str(exc).replace("pass --checkpoint FILE for this one", _HTTP_CKPT).replace(
+            "pass --checkpoint)", f"{_HTTP_CKPT})")) from None
     except MigrationInterrupted as exc:
         exc.signum = stop.signum  # which signal stopped it: SIGTERM exited 130 as Ctrl-C does, not 143
         raise
     finally:
         store.close()
+
+
+#: what an HTTP client does where the CLI passes ``--checkpoint FILE``: a request's checkpoint is the data dir's default
+_HTTP_CKPT = ("migrate into another target name (a request's checkpoint is always the data dir's "
+              "migrations/SOURCE-to-TARGET.json)")
 
 
 def _engine_defaults(store) -> dict:

@@ -171,3 +171,24 @@ def test_a_zero_query_through_a_map_is_refused_as_an_index_search_refuses_it(qst
     assert [h[0]["id"] for h in ok["results"]] == [0, 1, 2]
     with pytest.raises(InputError, match="all-zero"):
         search_collection(qstore, resolver, "b_rows", np.zeros((1, X.shape[1]), np.float32), space="a", k=1)
+
+
+def test_an_http_stale_checkpoint_refusal_gives_http_words(tmp_path):
+    """A request cannot pass ``--checkpoint FILE`` (the CLI's flag), which its refusal told it to."""
+    pytest.importorskip("qdrant_client")
+    from service.ops.vectordb import run_migration
+    from service.vectordb import CheckpointMismatchError, open_store
+
+    X, Y = _pairs(n=40)
+    url = f"qdrant://{tmp_path / 'qd'}"
+    with open_store(url) as s:
+        s.create("src", X.shape[1])
+        s.upsert("src", np.arange(40), X)
+    m, ck = align.fit_procrustes(X, Y), tmp_path / "ck.json"
+    run_migration(store_url=url, source="src", target="dst", map_ref=m, checkpoint=ck, space_option="source_space")
+    with open_store(url) as s:
+        s.drop("dst")
+    for option, word in (("source_space", "migrate into another target name"), ("--source-space", "--checkpoint")):
+        with pytest.raises(CheckpointMismatchError) as e:
+            run_migration(store_url=url, source="src", target="dst", map_ref=m, checkpoint=ck, space_option=option)
+        assert word in str(e.value) and (option.startswith("--") or "--checkpoint" not in str(e.value)), str(e.value)
