@@ -398,7 +398,7 @@ def test_a_checkpoint_of_a_target_this_store_lacks_and_a_check_with_another_map_
     """The same collection names migrated in a second store met the first store's default checkpoint: "checkpoint
     records progress into 'dst', which does not exist", and --overwrite did not help. A rows check through a map
     version other than the migration's failed every row with no hint why."""
-    from service.ops.vectordb import verify_verdict
+    from service.ops.verify import verify_verdict
     from service.vectordb import check_rows
 
     X, Y, m = data
