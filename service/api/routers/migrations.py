@@ -167,7 +167,8 @@ def create_verification(body: bytes, request, state, settings):
     def job(ctx):
         ctx.progress("verify", 0.0)
         out = run_verify(store_url=url, collection=opts.collection, encoder=encoder, map_ref=ref,
-                         registry=state.registry, progress=ctx.progress, cancelled=ctx.cancel_asked, n_sample=opts.n_sample, n_queries=opts.queries,
+                         registry=state.registry, progress=ctx.progress, cancelled=ctx.cancel_asked,
+                         n_sample=opts.n_sample, n_queries=opts.queries,
                          k=opts.k, random_state=opts.random_state, id_field=opts.id_field,
                          vector_field=opts.vector_field, text_field=opts.text_field, source=opts.source,
                          source_space=opts.source_space, space_option="source_space",
