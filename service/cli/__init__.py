@@ -18,8 +18,8 @@ Examples::
     vecbridge registry list --json
 
 One module per command group: :mod:`.maps` (fit, eval, plan, transform), :mod:`.registry` (registry,
-spaces), :mod:`.serve` (serve, encoders), :mod:`.indexes` (index), :mod:`.steer`, :mod:`.lm`, :mod:`.migrate` (migrate,
-verify), :mod:`.backup`; what they share is in :mod:`._common`. A command's module is imported when the command
+spaces), :mod:`.serve` (serve, encoders), :mod:`.embed`, :mod:`.indexes` (index), :mod:`.steer`, :mod:`.lm`,
+:mod:`.migrate` (migrate, verify), :mod:`.backup`; what they share is in :mod:`._common`. A command's module is imported when the command
 runs (or ``--help`` lists it), so ``vecbridge registry list`` never imports torch or FastAPI. A new
 command is one parse / call-one-operation / render function in its group's module plus one line in
 :data:`COMMANDS`.
@@ -50,7 +50,7 @@ __all__ = ["cli", "main", "COMMANDS", "LM_PROVIDER", "DATA_DIR", "Terminated", "
 COMMANDS = {
     "fit": "maps:fit", "eval": "maps:eval_cmd", "plan": "maps:plan_cmd", "transform": "maps:transform",
     "registry": "registry:registry", "spaces": "registry:spaces",
-    "encoders": "serve:encoders", "serve": "serve:serve",
+    "encoders": "serve:encoders", "embed": "embed:embed_cmd", "serve": "serve:serve",
     "steer": "steer:steer", "lm": "lm:lm",
     "migrate": "migrate:migrate", "verify": "migrate:verify",
     "index": "indexes:index", "backup": "backup:backup",

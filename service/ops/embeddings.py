@@ -5,25 +5,27 @@ A side is a matrix ``X`` (n, d) of its space's width, or n texts with an encoder
 texts into ``X = encoder.encode(texts)`` (n, d) float32. :func:`embed` returns ``X`` (n, d_model), or
 ``X H`` (n, d_target) with ``H`` the map (or composed path of maps) from the model's space into the target space:
 the registry's path, or the one the request pins (``map_ref``, checked hop by hop as a search's is).
+:func:`embed_file` (``vecbridge embed``) writes a text file's embeddings, chunk by chunk through :func:`embed`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
 import align
-from align.exceptions import DimensionMismatchError, InputError
+from align.exceptions import DimensionMismatchError, EmptyInputError, InputError
 from align.validation import as_matrix
 
-from ..encoders import UnknownEncoderError, check_texts, space_encoder
+from ..encoders import UnknownEncoderError, check_texts, get_encoder, space_encoder
 from ..errors import ConflictError
 from ..progress import Progress, silent
 from ..registry import NotFoundError
 
-__all__ = ["FitSide", "check_pairs", "embed", "embed_side", "fit_side"]
+__all__ = ["FitSide", "check_pairs", "embed", "embed_file", "embed_side", "fit_side"]
 
 
 @dataclass
@@ -155,3 +157,44 @@ def embed(services, model: str, texts: list[str], *, kind: str = "passage", targ
     if tr is not None and tr.map is not None:
         X = tr.map.apply(X, output="raw", validate=False)
     return X, tr
+
+
+class _ProcessEncoders:
+    """The ``services`` of :func:`embed` outside the server (``vecbridge embed``): this process's encoder cache
+    (:func:`service.encoders.get_encoder`, as :meth:`service.api.state.AppState.encoder`); no registry, so no
+    ``target_space``."""
+
+    encoder = staticmethod(get_encoder)
+
+
+def embed_file(inp, out, *, encoder: str, kind: str = "passage", rows=None, text_field: str = "text",
+               chunk_rows: int = 1024, progress: Progress | None = None) -> dict:
+    """Embed the texts of file ``inp`` (.txt one per line, .jsonl ``text_field``, .json a list of strings; ``rows``
+    ``"START:STOP"`` or row indices, in that order) with ``encoder`` as ``kind`` (``passage`` or ``query``: e5's
+    prefixes) into ``out`` (.npy, .fvecs, .parquet: float32 unit rows, row i = the i-th text selected),
+    ``chunk_rows`` texts at a time through :func:`embed`, the path of ``POST /v1/embeddings``. The encoder is
+    loaded and every selected text checked before anything is embedded; ``out`` appears complete or not at all.
+    ``progress`` reports ``("embed", texts done / texts)``. Returns ``{"encoder", "kind", "rows", "dim", "out"}``."""
+    from ..io import TEXT_SUFFIXES, check_not_input, is_text_path, read_texts
+    from ..storage import check_writable
+    from ..tables import MappedWriter
+
+    check_not_input(out, "the output", inp)
+    check_writable(out, "the output")
+    if kind not in ("passage", "query"):
+        raise InputError(f"kind must be 'passage' or 'query', got {kind!r}")
+    if not is_text_path(inp):
+        raise InputError(f"{Path(inp).name}: embed reads texts ({', '.join(TEXT_SUFFIXES)}); vectors are embedded "
+                         f"already")
+    enc = get_encoder(encoder)  # an unknown name (naming the known ones) or a missing package: before any reading
+    texts = read_texts(inp, rows=rows, text_field=text_field)  # each checked: one without text is refused here
+    if not texts:
+        raise EmptyInputError(f"{Path(inp).name}: no texts to embed")
+    say = progress or silent
+    say("embed", 0.0)
+    with MappedWriter(inp, out, dim=enc.dim, n_rows=len(texts), batch_rows=chunk_rows) as w:
+        for s in range(0, len(texts), chunk_rows):
+            X, _ = embed(_ProcessEncoders, enc.name, texts[s : s + chunk_rows], kind=kind)
+            w.write(X)
+            say("embed", min(1.0, (s + chunk_rows) / len(texts)))
+    return {"encoder": enc.name, "kind": kind, "rows": len(texts), "dim": enc.dim, "out": str(out)}
