@@ -20,7 +20,7 @@ import align
 from align.exceptions import DimensionMismatchError, EmptyInputError, InputError
 from align.validation import as_matrix
 
-from ..encoders import UnknownEncoderError, check_texts, get_encoder, space_encoder
+from ..encoders import UnknownEncoderError, check_texts, space_encoder
 from ..errors import ConflictError
 from ..progress import Progress, silent
 from ..registry import NotFoundError
@@ -164,7 +164,11 @@ class _ProcessEncoders:
     (:func:`service.encoders.get_encoder`, as :meth:`service.api.state.AppState.encoder`); no registry, so no
     ``target_space``."""
 
-    encoder = staticmethod(get_encoder)
+    @staticmethod
+    def encoder(name: str):
+        from .. import encoders  # looked up when called: the one loader (a test replaces it there)
+
+        return encoders.get_encoder(name)
 
 
 def embed_file(inp, out, *, encoder: str, kind: str = "passage", rows=None, text_field: str = "text",
@@ -175,18 +179,20 @@ def embed_file(inp, out, *, encoder: str, kind: str = "passage", rows=None, text
     ``chunk_rows`` texts at a time through :func:`embed`, the path of ``POST /v1/embeddings``. The encoder is
     loaded and every selected text checked before anything is embedded; ``out`` appears complete or not at all.
     ``progress`` reports ``("embed", texts done / texts)``. Returns ``{"encoder", "kind", "rows", "dim", "out"}``."""
-    from ..io import TEXT_SUFFIXES, check_not_input, is_text_path, read_texts
+    from ..io import STREAM_SUFFIXES, TEXT_SUFFIXES, FormatError, check_not_input, is_text_path, read_texts
     from ..storage import check_writable
     from ..tables import MappedWriter
 
     check_not_input(out, "the output", inp)
     check_writable(out, "the output")
+    if Path(out).suffix.lower() not in STREAM_SUFFIXES:  # before the encoder loads (seconds), as the writer says
+        raise FormatError(f"{Path(out).name}: the output must be {', '.join(STREAM_SUFFIXES)}")
     if kind not in ("passage", "query"):
         raise InputError(f"kind must be 'passage' or 'query', got {kind!r}")
     if not is_text_path(inp):
         raise InputError(f"{Path(inp).name}: embed reads texts ({', '.join(TEXT_SUFFIXES)}); vectors are embedded "
                          f"already")
-    enc = get_encoder(encoder)  # an unknown name (naming the known ones) or a missing package: before any reading
+    enc = _ProcessEncoders.encoder(encoder)  # an unknown name (naming the known ones) or a missing package: before any reading
     texts = read_texts(inp, rows=rows, text_field=text_field)  # each checked: one without text is refused here
     if not texts:
         raise EmptyInputError(f"{Path(inp).name}: no texts to embed")
