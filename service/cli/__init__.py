@@ -19,9 +19,9 @@ Examples::
 
 One module per command group: :mod:`.maps` (fit, eval, plan, transform), :mod:`.registry` (registry,
 spaces), :mod:`.serve` (serve, encoders), :mod:`.embed`, :mod:`.indexes` (index), :mod:`.steer`, :mod:`.lm`,
-:mod:`.migrate` (migrate, verify), :mod:`.backup`; what they share is in :mod:`._common`. A command's module is imported when the command
-runs (or ``--help`` lists it), so ``vecbridge registry list`` never imports torch or FastAPI. A new
-command is one parse / call-one-operation / render function in its group's module plus one line in
+:mod:`.migrate` (migrate, verify), :mod:`.backup`; what they share is in :mod:`._common`. A command's module is
+imported when the command runs (or ``--help`` lists it), so ``vecbridge registry list`` never imports torch or
+FastAPI. A new command is one parse / call-one-operation / render function in its group's module plus one line in
 :data:`COMMANDS`.
 """
 

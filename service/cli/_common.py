@@ -102,8 +102,9 @@ class Ctx:
         return self._reg
 
 
-#: the commands that may create a registry where there is none (every other command needs one to exist)
-CREATES_REGISTRY = frozenset({"fit", "spaces add", "registry import", "steer fit", "lm steer-fit"})
+#: the commands that may create a registry where there is none (every other command needs one to exist); `embed`
+#: opens one only for --space, which registers the space as `spaces add` does
+CREATES_REGISTRY = frozenset({"fit", "spaces add", "registry import", "steer fit", "lm steer-fit", "embed"})
 
 
 #: the list commands, which list nothing (exit 0) where there is no registry

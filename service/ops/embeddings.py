@@ -192,7 +192,7 @@ def embed_file(inp, out, *, encoder: str, kind: str = "passage", rows=None, text
     if not is_text_path(inp):
         raise InputError(f"{Path(inp).name}: embed reads texts ({', '.join(TEXT_SUFFIXES)}); vectors are embedded "
                          f"already")
-    enc = _ProcessEncoders.encoder(encoder)  # an unknown name (naming the known ones) or a missing package: before any reading
+    enc = _ProcessEncoders.encoder(encoder)  # unknown (naming the known ones) or not installed: before any reading
     texts = read_texts(inp, rows=rows, text_field=text_field)  # each checked: one without text is refused here
     if not texts:
         raise EmptyInputError(f"{Path(inp).name}: no texts to embed")

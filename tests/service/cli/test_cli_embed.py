@@ -132,3 +132,24 @@ def test_embed_bad_input_is_one_line_and_exit_2(capsys, encoders, texts, monkeyp
     assert code == 2 and len(lines) == 1 and lines[0].startswith("vecbridge: error: ") and message in err, (code, err)
     assert out == "" and not (texts / "o.npy").exists() and not (texts / "o.txt").exists()
     assert not [p for p in texts.iterdir() if ".part-" in p.name]  # no temporary output left
+
+
+def test_embed_space_registers_the_encoder_and_refuses_another(capsys, encoders, texts):
+    """--space as `index create` takes it: a new space is registered with the encoder (so a later text input of that
+    space needs no --encoder); a space of another encoder or width is refused before anything is embedded."""
+    from service.registry import open_registry
+
+    var = texts / "var"
+    code, out, err = run(capsys, "--data-dir", var, "embed", "--encoder", "minilm", "--space", "old", texts / "t.txt",
+                         texts / "o.npy", "--quiet")
+    assert code == 0 and "(space old)" in out, err
+    reg = open_registry(f"sqlite:///{var / 'registry.sqlite'}", var / "artifacts")
+    info = reg.get_space("old")
+    assert (info.dim, info.encoder) == (384, "all-MiniLM-L6-v2")
+    reg.register_space("wide", 768)
+    for space, message in (("old", "space 'old' is embedded by 'all-MiniLM-L6-v2'"),
+                           ("wide", "space 'wide' is 768-d; multilingual-e5-small embeds 384-d")):
+        code, out, err = run(capsys, "--data-dir", var, "embed", "--encoder", "e5", "--space", space,
+                             texts / "t.txt", texts / "x.npy", "--quiet")
+        assert code == 2 and message in err and not (texts / "x.npy").exists(), err
+    assert reg.get_space("wide").encoder is None
