@@ -153,9 +153,17 @@ class JobManager:
     def record(self, job_id: str) -> dict:
         """:meth:`get`'s job as a dict, read under the lock its ends are written under: a live job read while it
         ended (its state written, its error not yet) said "failed" with no error."""
-        job = self.get(job_id)
-        with self._lock:
-            return job.to_dict()
+        return self.records([self.get(job_id)])[0]
+
+    def records(self, jobs: list[Job]) -> list[dict]:
+        """``jobs`` as dicts, each read under the lock its progress and end are written under (taken per job: a
+        report waits for one record, never for a whole list): a live job read while it reported gave its new stage
+        with the last one's fraction."""
+        out = []
+        for job in jobs:
+            with self._lock:
+                out.append(job.to_dict())
+        return out
 
     def list(self, states: tuple[str, ...] | None = None, kinds: tuple[str, ...] | None = None) -> list[Job]:
         """Known jobs, oldest first: stored records (all processes of the data dir) or this process's; only those

@@ -57,9 +57,10 @@ def list_jobs(jobs: JobManager, limit: int | None = None, after=None, *, newest:
     """
     if after is not None:
         after = _cursor_seq(after, newest)
+    # each record read under the jobs' lock (as get_job's), the store's read before it, outside
     if limit is None:
-        return [j.to_dict() for j in jobs.list(states, kinds)], jobs.counts()
-    return [j.to_dict() for j in jobs.page(limit, after, newest=newest, states=states, kinds=kinds)], jobs.counts()
+        return jobs.records(jobs.list(states, kinds)), jobs.counts()
+    return jobs.records(jobs.page(limit, after, newest=newest, states=states, kinds=kinds)), jobs.counts()
 
 
 def cursor_key(record: dict, newest: bool) -> tuple:
@@ -99,4 +100,4 @@ def get_job(jobs: JobManager, job_id: str) -> dict:
 
 def cancel_job(jobs: JobManager, job_id: str) -> dict:
     """Ask a job to stop (queued: at once; running: at its next progress report); its record."""
-    return jobs.cancel(job_id).to_dict()
+    return jobs.records([jobs.cancel(job_id)])[0]  # under the jobs' lock: the job goes on reporting meanwhile

@@ -10,6 +10,8 @@ import threading
 import time
 from dataclasses import replace
 
+import pytest
+
 from _jobs_support import slow_job
 from _jobs_support import wait_job as wait
 
@@ -120,3 +122,92 @@ def test_a_job_that_ends_while_a_shutdown_records_it_is_stored_as_its_process_an
         time.sleep(0.05)
     stored = sibling.get(job.id)[0]
     assert (stored.state, stored.result) == ("succeeded", {"version": 1}), stored
+
+
+
+def _whole(record: dict) -> str | None:
+    """What is torn in ``record`` of a :func:`_reporting` job (None: nothing): its stage ``step-<i>`` goes with
+    fraction ``(i % 100) / 100`` and follows the closed stages ``step-0 .. step-<i-1>``."""
+    stage, stages = record["progress"]["stage"], record["timings"]["stages"]
+    if record["state"] != "running" or not stage.startswith("step-"):
+        return None
+    i = int(stage[5:])
+    if record["progress"]["fraction"] != round((i % 100) / 100, 4):
+        return f"stage {stage} with fraction {record['progress']['fraction']}"
+    if stage in stages or (i and f"step-{i - 1}" not in stages):
+        return f"stage {stage} beside the closed stages of another moment ({len(stages)})"
+    return None
+
+
+def _reporting(park: threading.Event, go: threading.Event, mid_report: threading.Event, read: threading.Event):
+    """A job reporting a new stage in a tight loop (each report closes a stage) until it is cancelled. Once ``park``
+    is set it waits between two reports (``park`` cleared) for ``go``; its next report then stops inside the lock it
+    is written under (its stage changed, its fraction being read: ``mid_report``) until ``read`` is set."""
+
+    class Fraction:
+        def __init__(self, i: int) -> None:
+            self.value = (i % 100) / 100
+
+        def __float__(self) -> float:
+            if go.is_set() and not mid_report.is_set():
+                mid_report.set()
+                read.wait(10)
+            return self.value
+
+    def fn(ctx):
+        i = 0
+        while True:
+            ctx.progress(f"step-{i}", Fraction(i))
+            i += 1
+            if park.is_set():
+                park.clear()
+                go.wait(60)
+
+    return fn
+
+
+@pytest.mark.parametrize("face", ["list", "cancel"])
+def test_the_job_list_and_a_cancel_read_a_reporting_jobs_record_whole(tmp_path, face):
+    """``GET /v1/jobs`` and ``DELETE /v1/jobs/{id}`` serialised the live records outside the lock their progress is
+    written under (``GET /v1/jobs/{id}`` takes it): a job reporting meanwhile gave a record of two moments, its new
+    stage with the last one's fraction. Here a job reports in a tight loop while another thread lists (or cancels)
+    it; that read, once begun (the job's clock read), lets the job's next report begin and goes on once the report
+    is inside the lock (its stage changed, its fraction not yet): the read waits for the lock now (given up on after
+    2 s where it holds it: the report cannot begin), and its record is whole."""
+    from service.ops.jobs import cancel_job, list_jobs
+
+    mgr = JobManager(workers=1, store=JobStore(tmp_path / "jobs.sqlite"))
+    mgr.open()
+    park, go, mid_report, read = (threading.Event() for _ in range(4))
+    job, _ = mgr.submit(_reporting(park, go, mid_report, read), kind="fit")
+    deadline = time.monotonic() + 60
+    while not job.stage.startswith("step-"):  # its first report is made
+        assert time.monotonic() < deadline, job
+        time.sleep(0.01)
+    park.set()
+    while park.is_set():  # it waits between two reports (a cancel's read must not follow its own report)
+        assert time.monotonic() < deadline, job
+        time.sleep(0.01)
+    clock = job.now
+
+    def now():  # the read begins with the job's clock: it lets the job's next report begin, and goes on inside it
+        if threading.current_thread() is reader:
+            go.set()
+            mid_report.wait(2)  # (given up on where the read holds the lock: the report cannot begin)
+        return clock()
+
+    job.now = now
+    got: list[dict] = []
+    read_it = {"list": lambda: got.extend(r for r in list_jobs(mgr)[0] if r["id"] == job.id),
+               "cancel": lambda: got.append(cancel_job(mgr, job.id))}[face]
+    reader = threading.Thread(target=read_it)
+    reader.start()
+    reader.join(30)
+    read.set()
+    try:
+        assert len(got) == 1 and got[0]["state"] == "running", got
+        assert _whole(got[0]) is None, _whole(got[0])
+    finally:
+        mgr.cancel(job.id)
+        wait(mgr.get, job.id)
+        mgr.shutdown(wait=True)
