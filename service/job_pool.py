@@ -8,9 +8,9 @@ At the interpreter's exit (an ``atexit`` handler: it runs before daemon threads 
 
 - a pool that was shut down gets a bounded grace: its running jobs were told to stop and normally reach their next
   progress report, or their end, well within it, so a fit inside its registration (artifact stored, row not yet
-  committed) finishes it rather than leaving an orphan artifact and no version. The grace ends at the deadline a
-  server's stop noted (:func:`note_stop`: ``shutdown_timeout_s`` after its first stop signal, now on a forced stop),
-  else :data:`EXIT_GRACE` seconds after the exit began. A job thread still running after that dies with its process,
+  committed) finishes it rather than leaving an orphan artifact and no version. The grace ends at the deadline the
+  pool's server noted at its stop (:meth:`Stop.note`: ``shutdown_timeout_s`` after its first stop signal, now on a
+  forced stop), else :data:`EXIT_GRACE` seconds after the exit began. A job thread still running after that dies with its process,
   as when the process is killed; the job store and the registry are built for that (their transactions roll back,
   the record says "interrupted");
 - a pool never shut down (library use: a script that submits jobs and ends) runs its queued and running jobs to their
@@ -19,6 +19,10 @@ At the interpreter's exit (an ``atexit`` handler: it runs before daemon threads 
 
 A server joins its stopped pools' threads itself too (:func:`join_stopped`, in its lifespan's shutdown), before the
 same deadline: a ``serve --workers N`` worker ends by its stop signal's default action, which skips ``atexit``.
+
+Each server (each app) has its own :class:`Stop`, handed to its pools: the deadline was one per process, the earliest
+noted holding for good, so a second service in the process (a test run's, a program's) got the first one's deadline,
+long past, and its job threads no grace; and one service's stop joined every stopped pool of the process.
 """
 
 from __future__ import annotations
@@ -33,23 +37,42 @@ from concurrent.futures import Future
 
 from .logging import get_logger
 
-__all__ = ["EXIT_GRACE", "JobPool", "join_at_exit", "join_stopped", "note_stop"]
+__all__ = ["EXIT_GRACE", "JobPool", "Stop", "join_at_exit", "join_stopped"]
 
 #: seconds the interpreter's exit waits, in all, for the job threads of pools that were shut down (read at the exit),
-#: where no server's stop noted its deadline (:func:`note_stop`)
+#: where no server's stop noted its deadline (:meth:`Stop.note`)
 EXIT_GRACE = 30.0
-_stop_deadline: float | None = None  # time.monotonic() by which a stopping server's job threads are waited for
 _SLICE = 0.1  # seconds: how often a join re-reads the stop's deadline
-_warned = False  # threads left running were logged once (the lifespan's join, then the exit's)
 _POOLS: weakref.WeakSet = weakref.WeakSet()  # every JobPool, for the exit's join
 _log = get_logger("jobs")
 
 
-class JobPool:
-    """At most ``workers`` daemon threads (started as work comes) running what :meth:`submit` queues, in order."""
+class Stop:
+    """One server's stop (one app's): the time (``time.monotonic()``) by which the threads of its pools that were
+    shut down are waited for, once its first stop signal has noted it."""
 
-    def __init__(self, workers: int, name: str = "vecbridge-job") -> None:
+    def __init__(self) -> None:
+        self.deadline: float | None = None
+        self.warned = False  # its threads left running were logged (once: the lifespan's join, then the exit's)
+        self._lock = threading.Lock()
+
+    def note(self, deadline: float) -> None:
+        """The stop began: its pools' threads are waited for until ``deadline`` at most, by :func:`join_stopped` and
+        at the exit. The earliest noted holds: a forced stop (a second Ctrl-C) notes ``now``, waiting for none."""
+        with self._lock:
+            self.deadline = deadline if self.deadline is None else min(deadline, self.deadline)
+
+
+_LIBRARY = Stop()  # the stop of the pools no server made (library use, a script): never noted
+
+
+class JobPool:
+    """At most ``workers`` daemon threads (started as work comes) running what :meth:`submit` queues, in order;
+    ``stop``: its server's (:class:`Stop`), none for library use."""
+
+    def __init__(self, workers: int, name: str = "vecbridge-job", stop: Stop | None = None) -> None:
         self.workers, self.name = max(1, int(workers)), name
+        self.stop = stop if stop is not None else _LIBRARY
         self._work: queue.SimpleQueue = queue.SimpleQueue()
         self._threads: list[threading.Thread] = []
         self._lock = threading.Lock()
@@ -115,46 +138,39 @@ class JobPool:
         return [t.name for t in threads if t.is_alive()]
 
 
-def note_stop(deadline: float) -> None:
-    """A server's stop began: the threads of the pools shut down are waited for until ``deadline``
-    (``time.monotonic()``) at most, by :func:`join_stopped` and at the exit. The earliest deadline noted holds: a
-    forced stop (a second Ctrl-C) notes ``now`` and waits for no job thread."""
-    global _stop_deadline
-    _stop_deadline = deadline if _stop_deadline is None else min(deadline, _stop_deadline)
+def join_stopped(stop: Stop) -> None:
+    """Join the threads of ``stop``'s pools that were shut down until the deadline it noted; nothing to do where it
+    noted none (no stop signal: a test's app, library use). Logs the threads still running then."""
+    if stop.deadline is not None:  # a pool still open is not this stop's (nor joined: its work would run first)
+        _join_stopped([pool for pool in list(_POOLS) if pool._closed and pool.stop is stop], stop, None)
 
 
-def join_stopped() -> None:
-    """Join the threads of the pools that were shut down until the deadline :func:`note_stop` noted; nothing to do
-    where none was noted (no server's stop: a test's app, library use). Logs the threads still running then."""
-    if _stop_deadline is not None:  # a pool still open is not this stop's (nor joined: its work would run first)
-        _join_stopped([pool for pool in list(_POOLS) if pool._closed], None)
-
-
-def _join_stopped(pools: list[JobPool], grace_end: float | None) -> None:
-    """Join ``pools``' threads until the stop's deadline, read again every :data:`_SLICE` s (a forced stop during
-    the wait ends it), or until ``grace_end`` where no stop noted one."""
-    global _warned
+def _join_stopped(pools: list[JobPool], stop: Stop, grace_end: float | None) -> None:
+    """Join ``pools``' threads until ``stop``'s deadline, read again every :data:`_SLICE` s (a forced stop during
+    the wait ends it), or until ``grace_end`` where it noted none."""
     began = time.monotonic()
     while True:
-        deadline = _stop_deadline if _stop_deadline is not None else grace_end
+        deadline = stop.deadline if stop.deadline is not None else grace_end
         left = [name for pool in pools for name in pool._join_at_exit(min(deadline, time.monotonic() + _SLICE))]
         if not left or time.monotonic() >= deadline:
             break
-    if left and not _warned:
-        _warned = True
+    if left and not stop.warned:
+        stop.warned = True
         _log.warning("job threads still running at exit are killed with the process", extra={"fields": {
             "threads": left, "waited_seconds": round(time.monotonic() - began, 3)}})
 
 
 def join_at_exit() -> None:
     """At the interpreter's exit (or before an ``os._exit``, which skips ``atexit``): the pools never shut down run
-    their work to its end, then the others' threads get until the stop's deadline (:func:`note_stop`), else
+    their work to its end, then the others' threads get until their stop's deadline (:meth:`Stop.note`), else
     :data:`EXIT_GRACE` seconds (see the module's docstring)."""
     pools = list(_POOLS)
     for pool in pools:
         if not pool._closed:
             pool._join_at_exit(0.0)  # never shut down: until its work is done (0.0 if it was shut down meanwhile)
-    _join_stopped(pools, time.monotonic() + EXIT_GRACE)
+    grace_end = time.monotonic() + EXIT_GRACE
+    for stop in dict.fromkeys(pool.stop for pool in pools):  # one after the other: in all, until the latest
+        _join_stopped([pool for pool in pools if pool.stop is stop], stop, grace_end)
 
 
 atexit.register(join_at_exit)

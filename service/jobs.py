@@ -46,7 +46,7 @@ from align.exceptions import Cancelled
 from .errors import BusyError, ConflictError, NotFoundError, ServiceStoppingError
 from .job_context import JobContext
 from .job_ends import NOT_STARTED, failure, interrupted
-from .job_pool import JobPool
+from .job_pool import JobPool, Stop
 from .job_store import INTERRUPTED, TERMINAL, Job, JobStore, JobStoreBusyError
 from .logging import get_logger
 from .progress import run_waking
@@ -95,10 +95,11 @@ class JobManager:
     """
 
     def __init__(self, workers: int = 1, max_queued: int = 8, *, metrics=None, keep_finished: int = 1000,
-                 store: JobStore | None = None) -> None:
+                 store: JobStore | None = None, stop: Stop | None = None) -> None:
         self.workers = max(1, int(workers))
         self.max_queued = max(0, int(max_queued))
-        self._pool = JobPool(self.workers)  # daemon threads: a job deaf to the stop does not hold the exit
+        # daemon threads: a job deaf to the stop does not hold the exit; ``stop``: its server's (none: library use)
+        self._pool = JobPool(self.workers, stop=stop)
         self._jobs: OrderedDict[str, Job] = OrderedDict()
         self._idem: dict[str, str] = {}
         self._lock = threading.Lock()

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import queue
+import random
 import resource
 import shutil
 import socket
@@ -24,7 +25,18 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    """A TCP port on 127.0.0.1 that nothing listens on right now: one of ``VB_TEST_PORTS`` (``LOW-HIGH``, e.g.
+    ``19700-19799``) where that is set (a run that must keep its servers on ports of its own), else the kernel's."""
+    spec = os.environ.get("VB_TEST_PORTS")
+    if spec:
+        low, high = (int(p) for p in spec.split("-"))
+        ports = list(range(low, high + 1))
+        random.shuffle(ports)  # two test processes seldom try the same one
+        for port in ports:
+            with socket.socket() as s, suppress(OSError):
+                s.bind(("127.0.0.1", port))
+                return port
+        raise AssertionError(f"no free port in VB_TEST_PORTS={spec}")
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -145,19 +157,32 @@ def alive(pid: int) -> bool:
     return proc_state(pid) not in ("", "Z")
 
 
+def serve_command(*args: str, own_group: bool = False, sighup_default: bool = False,
+                  sigint_raises: bool = False) -> list[str]:
+    """The command of a ``vecbridge serve *args`` process (the CLI run as ``python -m service.cli`` runs it), which
+    first, where asked: ``own_group``: makes a process group of its own (a SIGKILL or a Ctrl-C sent to ``-pid``
+    reaches its workers too, as a terminal's reaches a foreground job); ``sighup_default``: sets SIGHUP to its default
+    action (a test run under ``nohup`` hands it down ignored); ``sigint_raises``: sets SIGINT to raise
+    KeyboardInterrupt (a shell's background job starts with it ignored)."""
+    import sys
+
+    first = (["os.setpgid(0, 0)"] if own_group else []) + (
+        ["signal.signal(signal.SIGHUP, signal.SIG_DFL)"] if sighup_default else []) + (
+        ["signal.signal(signal.SIGINT, signal.default_int_handler)"] if sigint_raises else [])
+    launch = "; ".join(["import os, runpy, signal", *first,
+                        "runpy.run_module('service.cli', run_name='__main__', alter_sys=True)"])
+    return [sys.executable, "-c", launch, "serve", *args]
+
+
 def serve_workers(tmp: Path, *args: str, env: dict | None = None, ready: bool = True) -> tuple[subprocess.Popen, int]:
     """``serve --workers 2 *args`` (a real supervisor) on a data dir under ``tmp`` seeded by :func:`seed_registry`,
     with extra environment ``env`` and its log in ``tmp / "server.log"``: in a process group of its own (a SIGKILL to
     ``-proc.pid`` ends its workers too), SIGHUP at its default (not as ``nohup`` left it). Returns ``(proc, port)``
     once ``/healthz`` answers, or at once without ``ready``."""
-    import sys
-
     data = tmp / "data"
     seed_registry(data)
     port = free_port()
-    launch = ("import os, runpy, signal; os.setpgid(0, 0); signal.signal(signal.SIGHUP, signal.SIG_DFL); "
-              "runpy.run_module('service.cli', run_name='__main__', alter_sys=True)")
-    cmd = [sys.executable, "-c", launch, "serve", "--workers", "2", *args]
+    cmd = serve_command("--workers", "2", *args, own_group=True, sighup_default=True)
     env = {**env_for(data, port), **(env or {})}
     if ready:
         return start(cmd, env, port, tmp / "server.log"), port

@@ -28,7 +28,7 @@ from starlette.middleware.cors import CORSMiddleware
 import align
 
 from ..config import ConfigError, Settings, get_settings
-from ..job_pool import join_stopped, note_stop
+from ..job_pool import Stop, join_stopped
 from ..indexes.device import device_in_use, restore_device, use_device
 from ..logging import configure_logging, get_logger
 from ..metrics import MULTIPROC_ENV, ServiceMetrics
@@ -93,6 +93,7 @@ EXPOSED_HEADERS = ("ETag", "Retry-After", "X-Request-ID", "X-Map", "X-Map-Versio
 def create_app(settings: Settings | None = None) -> FastAPI:
     """Build the vecbridge FastAPI app (resources open when the app starts)."""
     metrics = ServiceMetrics()
+    stop = Stop()  # this app's: the deadline its server's stop signal gives its job threads (_note_stop)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -103,7 +104,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         device_before = device_in_use()  # given back at the stop (a test run's own device, an enclosing app's)
         try:
             use_device(s.search_device)  # a GPU asked for and missing: the start-up fails, saying why
-            state = AppState(s, metrics=metrics)
+            state = AppState(s, metrics=metrics, stop=stop)
             await run_in_threadpool(state.open)
         except BaseException:  # a start that fails gives back what it took, as a stop does: the thread limit (held,
             # a later limit of one thread was a no-op, and a BLAS loaded after stayed at its default) and the device
@@ -133,7 +134,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             state.close()  # stops the index loader first: it freezes the heap once it is done
             # the job threads get what is left of the stop's shutdown_timeout_s (none on a forced stop; none waited
             # for without a stop signal): here, as both serve modes pass (a --workers worker skips atexit)
-            join_stopped()
+            join_stopped(stop)
             gc.unfreeze()
             app.state.vb = None
             release_native_threads(s.blas_threads)
@@ -146,6 +147,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     s = current_settings(app)
     app.state.vb = None
     app.state.metrics = metrics
+    app.state.stop = stop
     # etag -> (byte length, stored file size) of each map artifact served (the newest 1,024): a HEAD of one served
     # before answers its Content-Length without loading and serialising it (64 MiB for a 4096 x 4096 map: 70-90 ms,
     # then dropped) while the file still has that size (routers.maps._still_served)
@@ -462,7 +464,7 @@ def _note_forced_stop(app) -> None:
 
         def on_term(signum, frame):
             term(signum, frame)
-            _note_stop(server)
+            _note_stop(server, app)
 
         signal.signal(signal.SIGTERM, on_term)
     shutdown = server.shutdown
@@ -514,17 +516,20 @@ async def _answer_cut(server) -> None:
             await asyncio.wait_for(lifespan.shutdown(), _CUT_ANSWER_S)
 
 
-def _note_stop(server) -> None:
-    """A stop signal reached ``server`` (uvicorn's): the job threads are waited for until ``shutdown_timeout_s``
-    (its graceful shutdown's limit) after the first one at most, and not at all after a forced stop, so the whole
-    stop stays within that bound (:func:`service.job_pool.note_stop`)."""
-    limit = server.config.timeout_graceful_shutdown
-    note_stop(time.monotonic() + (0.0 if server.force_exit or limit is None else limit))
+def _note_stop(server, app) -> None:
+    """A stop signal reached ``server`` (uvicorn's), serving ``app``: its job threads are waited for until
+    ``shutdown_timeout_s`` (the graceful shutdown's limit) after the first one at most, and not at all after a forced
+    stop, so the whole stop stays within that bound (:meth:`service.job_pool.Stop.note`: ``app``'s own, not another
+    app's of the same process). Nothing for an app that is not :func:`create_app`'s."""
+    stop = getattr(getattr(app, "state", None), "stop", None)
+    if isinstance(stop, Stop):
+        limit = server.config.timeout_graceful_shutdown
+        stop.note(time.monotonic() + (0.0 if server.force_exit or limit is None else limit))
 
 
 def _mark_forced(server, app) -> None:
     """``app.state.stop_forced`` once ``server`` (uvicorn's) force-exits: a second Ctrl-C cuts the open requests."""
-    _note_stop(server)
+    _note_stop(server, app)
     if server.force_exit:
         with contextlib.suppress(AttributeError):  # an app without a state (not create_app's)
             app.state.stop_forced = True

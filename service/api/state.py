@@ -29,6 +29,7 @@ from ..config import Settings
 from ..encoders import UnknownEncoderError
 from ..indexes import IndexStore
 from ..indexes.locking import WouldBlock
+from ..job_pool import Stop
 from ..jobs import JobManager, JobStore
 from ..metrics import ServiceMetrics
 from ..ops.backup import refuse_pg_backup
@@ -125,7 +126,7 @@ def _rest(out):
 class AppState:
     """Long-lived resources of one app instance."""
 
-    def __init__(self, settings: Settings, *, metrics: ServiceMetrics | None = None) -> None:
+    def __init__(self, settings: Settings, *, metrics: ServiceMetrics | None = None, stop: Stop | None = None) -> None:
         self.settings = settings
         self.metrics = metrics or ServiceMetrics()
         self.started_at = time.monotonic()  # for uptime_seconds: the wall clock may be set back
@@ -138,7 +139,7 @@ class AppState:
         self.metrics.index_lives = self.indexes.lives  # a scrape leaves out indexes dropped (re-created) meanwhile
         self.jobs = JobManager(settings.job_workers, settings.max_queued_jobs, metrics=self.metrics,
                                store=JobStore(Path(settings.data_dir) / "jobs.sqlite",
-                                              keep_finished=settings.job_history))
+                                              keep_finished=settings.job_history), stop=stop)
         self.demo_job_id: str | None = None
         self.demo_lock = None  # .demo.lock while this process's demo runs and after (service/ops/demo.py)
         self.demo_elsewhere = False  # another process held it at start: demo_status reads its .demo.status

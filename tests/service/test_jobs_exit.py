@@ -150,7 +150,8 @@ FORCED_CHILD = """
 import time
 import service.job_pool
 service.job_pool.EXIT_GRACE = 3600.0  # where no stop is noted, the exit would wait an hour for the job
-mgr = JobManager(store=JobStore(sys.argv[1]))
+stop = service.job_pool.Stop()  # its server's
+mgr = JobManager(store=JobStore(sys.argv[1]), stop=stop)
 mgr.open()
 started = threading.Event()
 def deaf(ctx):
@@ -159,10 +160,10 @@ def deaf(ctx):
     threading.Event().wait()
 job, _ = mgr.submit(deaf, kind="fit")
 assert started.wait(60)
-service.job_pool.note_stop(time.monotonic() + 3600)  # a server's stop signal (its shutdown_timeout_s: an hour)
+stop.note(time.monotonic() + 3600)  # a server's stop signal (its shutdown_timeout_s: an hour)
 mgr.shutdown(wait=False)  # its app's stop
-service.job_pool.note_stop(time.monotonic())  # a second Ctrl-C: a forced stop
-service.job_pool.join_stopped()  # the app's stop joins the job threads, as the exit does after it
+stop.note(time.monotonic())  # a second Ctrl-C: a forced stop
+service.job_pool.join_stopped(stop)  # the app's stop joins the job threads, as the exit does after it
 print(job.id, flush=True)
 """
 

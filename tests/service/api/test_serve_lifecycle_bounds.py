@@ -1,0 +1,82 @@
+"""The bounds of a stop: whose deadline a server's job threads get, and how long `serve --workers N`'s supervisor
+waits for its workers, at the stop and in SIGHUP's restart (service/job_pool.py, service/api/supervisor.py). The
+servers are real: uvicorn servers in a child process, `vecbridge serve` processes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+from _api_support import R
+from _servers import ROOT, alive, env_for, free_port, read_line, serve_command, start, workers_of
+from test_serve_lifecycle import _end_group, _new_worker, _records, _wait_for_log, _workers_serve
+
+# two services, one after the other, in one process (as a test run or a program embedding the service serves them):
+# each runs until this process's SIGTERM (its signal handling is the server's); the first stops with a
+# shutdown_timeout_s of 0.5 s, the second (an hour) while a job of its own finishes what it began, a second after
+# its record said "interrupted". Prints whether the second stop waited for that job.
+TWO_SERVICES = """
+import os, pathlib, signal, sys, threading, time
+import httpx, uvicorn
+from service.api.app import _run, create_app
+from service.config import Settings
+from service.job_pool import join_at_exit
+base, ports = pathlib.Path(sys.argv[1]), [int(p) for p in sys.argv[2:4]]
+stopped = []
+def serve(name, port, limit, then=lambda app: None):
+    app = create_app(Settings(data_dir=base / name, demo_on_empty=False))
+    def drive():
+        while True:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=5).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.05)
+        then(app)
+        stopped.append(time.monotonic())
+        os.kill(os.getpid(), signal.SIGTERM)
+    threading.Thread(target=drive, daemon=True).start()
+    return _run(uvicorn.Config(app, host="127.0.0.1", port=port, log_config=None, timeout_graceful_shutdown=limit))
+assert serve("first", ports[0], 0.5) == (True, "SIGTERM")
+finished = base / "finished"
+def registering(ctx):  # deaf to the stop: it finishes what it began, a second after its record said interrupted
+    ctx.progress("register", 0.5)
+    while not ctx.should_cancel():
+        time.sleep(0.01)
+    time.sleep(1.0)
+    finished.touch()
+def with_a_job(app):
+    app.state.vb.jobs.submit(registering, kind="fit")
+    while time.monotonic() < stopped[0] + 1.0:  # the first service's deadline has passed
+        time.sleep(0.05)
+assert serve("second", ports[1], 3600, with_a_job) == (True, "SIGTERM")
+join_at_exit()  # as serve() does before its os._exit
+print("waited" if finished.exists() else "cut", flush=True)
+os._exit(0)
+"""
+
+
+def test_a_services_stop_deadline_is_its_own_not_that_of_another_service_in_the_process(tmp_path):
+    """The deadline a stop gives the job threads was one per process, the earliest noted holding for good: a service
+    stopped after another in the same process got that one's deadline, long past, and its job threads none of its
+    own hour (the job finishing its registration was cut, as by kill -9); and one service's stop joined every stopped
+    pool of the process, another's too. Each app has its own deadline now: the second stop waits for its job."""
+    ports = [str(free_port()), str(free_port())]
+    proc = subprocess.Popen([sys.executable, "-c", TWO_SERVICES, str(tmp_path), *ports], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**env_for(tmp_path, int(ports[0])), "VECBRIDGE_LOG_LEVEL": "WARNING"})
+    try:
+        line = read_line(proc).strip()
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate(timeout=30)
+    assert (proc.returncode, line) == (0, "waited"), err[-3000:]
+    assert "job threads still running at exit are killed with the process" not in err, err[-3000:]
+
