@@ -25,7 +25,11 @@ busy host answers late), one silent worker (SIGSTOP, a frozen cgroup, a long cal
 - its wait for an old worker's end gives up as soon as a stop is asked too (the stop then ends that worker with the
   others), and kills one still there ``RETIRE_MARGIN_S`` after ``shutdown_timeout_s``: uvicorn's waited with no limit,
   so a SIGTERM while an old worker finished its requests came 25 s late (50 s with both busy), and never with one
-  stopped (SIGSTOP).
+  stopped (SIGSTOP);
+- its wait for the workers' end at the stop (uvicorn's ``join_all``) has the same bound: a worker still there
+  ``RETIRE_MARGIN_S`` after ``shutdown_timeout_s`` (counted from its SIGTERM) is killed, with a WARNING line. uvicorn
+  waited with no limit, so a worker that answered its last health check but never ended (its SIGTERM ignored, its
+  stop hung) kept ``vecbridge serve`` from exiting.
 """
 
 from __future__ import annotations
@@ -45,7 +49,7 @@ __all__ = ["RETIRE_MARGIN_S", "SERVING_CHECK_S", "STOP_CHECK_S", "Supervisor", "
 
 SERVING_CHECK_S = 10.0  # longest wait for a serving worker's answer (a starting one: timeout_worker_healthcheck)
 STOP_CHECK_S = 2.0  # longest wait, at the stop, for a worker's last answer before it is killed
-RETIRE_MARGIN_S = 5.0  # beyond shutdown_timeout_s: an old worker retired by SIGHUP and still there is killed
+RETIRE_MARGIN_S = 5.0  # beyond shutdown_timeout_s: a worker still there after its SIGTERM (SIGHUP, stop) is killed
 _STEP_S = 0.1  # a check looks for a stop this often
 _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
@@ -96,6 +100,7 @@ class Supervisor(Multiprocess):
         super().__init__(config, sockets)
         self._serving: set[Process] = set()  # answered once that their server started
         self._owed: set[Process] = set()  # sent a ping whose answer was not read (a check cut short by a stop)
+        self._stop_sent = 0.0  # time.monotonic() of the stop's SIGTERMs (terminate_all), join_all's deadline's start
 
     def _stopping(self) -> bool:
         return self.should_exit.is_set() or any(sig in self.signal_queue for sig in _STOP_SIGNALS)
@@ -170,7 +175,7 @@ class Supervisor(Multiprocess):
                 os.kill(old.pid, signal.SIGTERM)
         _log.info(f"Terminated child process [{old.pid}]")
         _log.info(f"Waiting for child process [{old.pid}]")
-        limit = (self.config.timeout_graceful_shutdown or 0.0) + RETIRE_MARGIN_S
+        limit = self._end_limit()
         deadline = time.monotonic() + limit
         while old.process.is_alive():
             if self._stopping():
@@ -183,6 +188,11 @@ class Supervisor(Multiprocess):
         old.parent_conn.close()
         old.child_conn.close()
         return True
+
+    def _end_limit(self) -> float:
+        """Seconds after its SIGTERM that a worker still there is killed: its graceful shutdown's limit
+        (``shutdown_timeout_s``, which bounds its job threads too) and ``RETIRE_MARGIN_S`` for the rest of its end."""
+        return (self.config.timeout_graceful_shutdown or 0.0) + RETIRE_MARGIN_S
 
     def _started(self, process: Process) -> bool:
         """Whether ``process`` answers that its server started within ``timeout_worker_healthcheck``; False as soon
@@ -234,6 +244,7 @@ class Supervisor(Multiprocess):
     def terminate_all(self) -> None:
         for sock in self.sockets:
             sock.close()
+        self._stop_sent = time.monotonic()
         deadline = time.monotonic() + min(STOP_CHECK_S, self.config.timeout_worker_healthcheck)
         waiting = []
         for process in self.processes:  # as uvicorn's Process.terminate, the pipe kept open for the last answer
@@ -264,3 +275,16 @@ class Supervisor(Multiprocess):
         for process in self.processes:
             process.parent_conn.close()
             process.child_conn.close()
+
+    def join_all(self) -> None:
+        """Wait for each worker's end until :meth:`_end_limit` after the stop's SIGTERM (:meth:`terminate_all`), then
+        kill the ones still there, each with a WARNING line. uvicorn's ``join()`` of each had no limit."""
+        limit = self._end_limit()
+        deadline = (self._stop_sent or time.monotonic()) + limit
+        for process in self.processes:
+            _log.info(f"Waiting for child process [{process.pid}]")
+            process.process.join(max(0.0, deadline - time.monotonic()))
+            if process.process.exitcode is None:
+                _log.warning(f"Child process [{process.pid}] did not end within {limit:g} s of its SIGTERM: killed")
+                process.process.kill()
+                process.process.join(STOP_CHECK_S)  # a killed process ends (one in uninterruptible sleep is left)

@@ -80,3 +80,45 @@ def test_a_services_stop_deadline_is_its_own_not_that_of_another_service_in_the_
     assert (proc.returncode, line) == (0, "waited"), err[-3000:]
     assert "job threads still running at exit are killed with the process" not in err, err[-3000:]
 
+
+# a sitecustomize (on the server's PYTHONPATH, so each spawned worker runs it): a `--workers` worker (not the
+# supervisor) ignores SIGTERM, whoever sets a handler for it later (uvicorn's server does), as a worker whose stop
+# hangs does; it still answers the supervisor's health checks (from a thread of its own)
+DEAF_WORKERS = """
+import signal
+from pathlib import Path
+if b"spawn_main" in Path("/proc/self/cmdline").read_bytes():
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    _set = signal.signal
+    signal.signal = lambda sig, handler: _set(sig, signal.SIG_IGN if sig == signal.SIGTERM else handler)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_workers_deaf_to_the_stop_are_killed_once_it_is_past_shutdown_timeout_s_and_the_service_exits(tmp_path):
+    """The supervisor's wait for its workers at the stop (uvicorn's ``join_all``) had no limit: a worker that did not
+    act on its SIGTERM yet answered its last health check (not a stopped one, which is killed) kept `serve` from
+    exiting for ever. Now each is killed ``RETIRE_MARGIN_S`` (5 s) past ``shutdown_timeout_s`` (1 s here) after its
+    SIGTERM, with a WARNING line, and the service exits 0."""
+    hooks = tmp_path / "hooks"
+    hooks.mkdir()
+    (hooks / "sitecustomize.py").write_text(DEAF_WORKERS)
+    path = os.pathsep.join(p for p in (str(hooks), str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    proc, _port = _workers_serve(tmp_path, env={"PYTHONPATH": path, "VECBRIDGE_SHUTDOWN_TIMEOUT_S": "1"})
+    workers = workers_of(proc.pid)
+    try:
+        assert len(workers) == 2, workers
+        proc.send_signal(signal.SIGTERM)
+        try:
+            code = proc.wait(60)  # a bound, not a speed
+        except subprocess.TimeoutExpired:
+            code = None  # before: the supervisor waited for them for ever
+        assert code == 0, code
+        assert not [w for w in workers if alive(w)]
+    finally:
+        _end_group(proc)
+    records = _records(tmp_path)
+    warnings = [r["msg"] for r in records if r.get("level") == "WARNING"]
+    assert sorted(warnings) == sorted(f"Child process [{w}] did not end within 6 s of its SIGTERM: killed"
+                                      for w in workers), warnings
+    assert "service stopped" in [r["msg"] for r in records]
