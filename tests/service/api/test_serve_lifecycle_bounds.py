@@ -122,3 +122,32 @@ def test_workers_deaf_to_the_stop_are_killed_once_it_is_past_shutdown_timeout_s_
     assert sorted(warnings) == sorted(f"Child process [{w}] did not end within 6 s of its SIGTERM: killed"
                                       for w in workers), warnings
     assert "service stopped" in [r["msg"] for r in records]
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_a_sighup_restart_goes_on_past_old_workers_that_died_meanwhile(tmp_path):
+    """SIGHUP's restart sent each old worker its SIGTERM once the worker's replacement served; an old worker that had
+    died meanwhile (the OOM killer) and been reaped by the next replacement's start had no pid left to signal: the
+    ProcessLookupError ended the supervisor's loop, the service gone mid-restart (its workers with it). Here both old
+    workers are killed as the first replacement starts: the restart completes, the two new workers serve, and the
+    service stops with 0."""
+    proc, port = _workers_serve(tmp_path)
+    try:
+        old = set(workers_of(proc.pid))
+        os.kill(proc.pid, signal.SIGHUP)
+        _new_worker(proc, old)  # the first replacement is started: the second's start reaps the old ones
+        for p in old:
+            os.kill(p, signal.SIGKILL)
+        _wait_for_log(tmp_path, "Application startup complete.", 4, seconds=90)
+        deadline = time.monotonic() + 60
+        while len(workers_of(proc.pid)) != 2 or set(workers_of(proc.pid)) & old:
+            assert proc.poll() is None and time.monotonic() < deadline, (workers_of(proc.pid), old)
+            time.sleep(0.05)
+        assert httpx.get(f"http://127.0.0.1:{port}/v1/maps", headers=R, timeout=30).status_code == 200
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0
+    finally:
+        _end_group(proc)
+    log = (tmp_path / "server.log").read_text()
+    assert "Traceback" not in log, log[-3000:]
+    assert not [r for r in _records(tmp_path) if r.get("level") == "ERROR"], log[-3000:]
