@@ -24,6 +24,7 @@ from _servers import (
     free_port,
     proc_state,
     seed_registry,
+    serve_command,
     serve_workers,
     start,
     workers_of,
@@ -34,8 +35,7 @@ def _serve(tmp_path, *args) -> tuple[subprocess.Popen, int]:
     data = tmp_path / "data"
     seed_registry(data)
     port = free_port()
-    proc = start([sys.executable, "-m", "service.cli", "serve", *args], env_for(data, port), port,
-                 tmp_path / "server.log")
+    proc = start(serve_command(*args), env_for(data, port), port, tmp_path / "server.log")
     return proc, port
 
 
@@ -101,7 +101,7 @@ def test_a_request_that_keeps_going_does_not_hold_the_stop_past_shutdown_timeout
     seed_registry(data)
     port = free_port()
     env = {**env_for(data, port), "VECBRIDGE_SHUTDOWN_TIMEOUT_S": "2"}
-    proc = start([sys.executable, "-m", "service.cli", "serve"], env, port, tmp_path / "server.log")
+    proc = start(serve_command(), env, port, tmp_path / "server.log")
     s, _ = _half_sent_transform(port)  # the rest never comes
     try:
         time.sleep(0.3)
@@ -144,9 +144,7 @@ def test_workers_refuse_new_connections_once_stopping_and_answer_the_request_in_
     data = tmp_path / "data"
     seed_registry(data)
     port = free_port()
-    launch = "import runpy; runpy.run_module('service.cli', run_name='__main__', alter_sys=True)"
-    proc = start([sys.executable, "-c", launch, "serve", "--workers", "2"], env_for(data, port), port,
-                 tmp_path / "server.log")
+    proc = start(serve_command("--workers", "2"), env_for(data, port), port, tmp_path / "server.log")
     s, rest = _half_sent_transform(port)
     s.settimeout(20)
     try:
@@ -191,7 +189,7 @@ def test_a_data_dir_this_user_cannot_write_is_one_line_and_exit_2(tmp_path):
         for data in (base / "locked", base / "locked" / "data"):  # not writable; cannot be created
             env = env_for(data, free_port())
             env["HOME"] = str(base)
-            r = subprocess.run([*as_user, sys.executable, "-m", "service.cli", "serve"], env=env, cwd=ROOT,
+            r = subprocess.run([*as_user, *serve_command()], env=env, cwd=ROOT,
                                capture_output=True, text=True, timeout=60, check=False)
             assert r.returncode == 2, r.stderr[-2000:]
             assert r.stderr.count("\n") == 1 and "Traceback" not in r.stderr
@@ -207,7 +205,7 @@ def test_an_artifact_or_report_dir_that_cannot_be_made_is_one_line_and_exit_2(tm
     (tmp_path / "afile").write_text("")
     env = env_for(tmp_path / "data", free_port())
     env[setting] = str(tmp_path / "afile" / "sub")  # under a file: cannot be created, even by root
-    r = subprocess.run([sys.executable, "-m", "service.cli", "serve"], env=env, cwd=ROOT, capture_output=True,
+    r = subprocess.run(serve_command(), env=env, cwd=ROOT, capture_output=True,
                        text=True, timeout=60, check=False)
     assert r.returncode == 2, r.stderr[-2000:]
     assert r.stderr.count("\n") == 1 and "Traceback" not in r.stderr and setting in r.stderr, r.stderr[-2000:]
@@ -221,9 +219,7 @@ def test_sighup_stops_a_single_process_service_as_sigterm_does(tmp_path):
     data = tmp_path / "data"
     seed_registry(data)
     port = free_port()
-    launch = ("import runpy, signal; signal.signal(signal.SIGHUP, signal.SIG_DFL); "
-              "runpy.run_module('service.cli', run_name='__main__', alter_sys=True)")
-    proc = start([sys.executable, "-c", launch, "serve"], env_for(data, port), port, tmp_path / "server.log")
+    proc = start(serve_command(sighup_default=True), env_for(data, port), port, tmp_path / "server.log")
     proc.send_signal(signal.SIGHUP)
     assert proc.wait(30) == 0, (tmp_path / "server.log").read_text()[-2000:]
     records = _records(tmp_path)
@@ -262,8 +258,7 @@ def test_a_request_cancelled_by_the_shutdown_timeout_is_a_json_503_with_its_requ
     seed_registry(data)
     port = free_port()
     env = {**env_for(data, port), "VECBRIDGE_SHUTDOWN_TIMEOUT_S": "1"}
-    launch = "import runpy; runpy.run_module('service.cli', run_name='__main__', alter_sys=True)"
-    proc = start([sys.executable, "-c", launch, "serve"], env, port, tmp_path / "server.log")
+    proc = start(serve_command(), env, port, tmp_path / "server.log")
     s, _ = _half_sent_transform(port, rows)  # the rest never comes
     s.settimeout(20)
     try:
@@ -303,11 +298,9 @@ def test_ctrl_c_while_the_workers_are_still_starting_stops_them_quietly(tmp_path
     data = tmp_path / "data"
     seed_registry(data)
     port = free_port()
-    launch = ("import os, runpy, signal; os.setpgid(0, 0); signal.signal(signal.SIGINT, signal.default_int_handler); "
-              "runpy.run_module('service.cli', run_name='__main__', alter_sys=True)")
     with open(tmp_path / "server.log", "w") as log:
-        proc = subprocess.Popen([sys.executable, "-c", launch, "serve", "--workers", "2"], env=env_for(data, port),
-                                stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+        proc = subprocess.Popen(serve_command("--workers", "2", own_group=True, sigint_raises=True),
+                                env=env_for(data, port), stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
     try:
         deadline = time.monotonic() + 60
         # both spawned and importing the service (numpy, its first extension, is loaded): the rest takes them a second
@@ -350,9 +343,7 @@ def test_a_request_cut_by_a_second_ctrl_c_says_so_not_that_shutdown_timeout_s_ra
     seed_registry(data)
     port = free_port()
     env = {**env_for(data, port), "VECBRIDGE_SHUTDOWN_TIMEOUT_S": "60"}
-    launch = ("import os, runpy, signal; os.setpgid(0, 0); signal.signal(signal.SIGINT, signal.default_int_handler); "
-              "runpy.run_module('service.cli', run_name='__main__', alter_sys=True)")
-    proc = start([sys.executable, "-c", launch, "serve", "--workers", str(workers)], env, port,
+    proc = start(serve_command("--workers", str(workers), own_group=True, sigint_raises=True), env, port,
                  tmp_path / "server.log")
     # every worker has started: one still importing when Ctrl-C comes writes a plain-text KeyboardInterrupt traceback
     _wait_for_log(tmp_path, "Application startup complete.", workers)
@@ -594,7 +585,7 @@ def _held_fit(tmp_path, args: tuple, **env) -> tuple[subprocess.Popen, Path, Pat
     base = env_for(data, port)
     path = os.pathsep.join(p for p in (str(hooks), str(ROOT), base.get("PYTHONPATH", "")) if p)
     env = {**base, "PYTHONPATH": path, "VB_TEST_GO": str(go), "VB_TEST_STORED": str(stored), **env}
-    proc = start([sys.executable, "-m", "service.cli", "serve", *args], env, port, tmp_path / "server.log")
+    proc = start(serve_command(*args), env, port, tmp_path / "server.log")
     try:
         rng = np.random.default_rng(0)
         X = rng.standard_normal((64, 8)).astype(np.float32)

@@ -13,7 +13,7 @@ import time
 import httpx
 import pytest
 from _api_support import R
-from _servers import ROOT, alive, env_for, free_port, read_line, serve_command, start, workers_of
+from _servers import ROOT, alive, env_for, free_port, read_line, workers_of
 from test_serve_lifecycle import _end_group, _new_worker, _records, _wait_for_log, _workers_serve
 
 # two services, one after the other, in one process (as a test run or a program embedding the service serves them):
