@@ -8,9 +8,10 @@ busy host answers late), one silent worker (SIGSTOP, a frozen cgroup, a long cal
 
 - a check polls in short steps and gives up as soon as a stop is asked (SIGTERM or SIGINT queued, or
   ``should_exit``); other signals (SIGHUP, SIGTTIN...) wait for it, as before, so no answer is left unread;
-- a worker gets the whole ``timeout_worker_healthcheck`` until it has answered that its server started; after that
-  each check waits ``min(timeout_worker_healthcheck, SERVING_CHECK_S)``: a serving worker's answer comes from a
-  thread of its own within milliseconds, also on a loaded host, so a hung worker is replaced after 10 s, not 60 s;
+- a worker gets the whole ``timeout_worker_healthcheck`` until it has answered that its server started (an INFO
+  line "Child process [pid] is serving" says it has); after that each check waits ``min(timeout_worker_healthcheck,
+  SERVING_CHECK_S)``: a serving worker's answer comes from a thread of its own within milliseconds, also on a loaded
+  host, so a hung worker is replaced after 10 s, not 60 s;
 - at the stop each worker is sent SIGTERM (graceful stop, up to ``shutdown_timeout_s``) and asked once more; one
   that neither answers nor ends within ``STOP_CHECK_S`` is killed (SIGKILL): a stopped worker does not act on a
   SIGTERM, and the supervisor waited for it for ever;
@@ -124,8 +125,9 @@ class Supervisor(Multiprocess):
         except (OSError, EOFError, pickle.UnpicklingError):
             return False
         self._owed.discard(process)
-        if started:
-            self._serving.add(process)
+        if started and process not in self._serving:
+            self._serving.add(process)  # its checks wait SERVING_CHECK_S from now: say so (a test waits for it too)
+            _log.info(f"Child process [{process.pid}] is serving")
         return True
 
     def start_worker(self) -> Worker:

@@ -52,13 +52,14 @@ def _serve_two_starting(tmp_path, *args, env=None) -> tuple[subprocess.Popen, in
 
 
 def _serve_two_serving(tmp_path) -> tuple[subprocess.Popen, int, list[int]]:
-    """``serve --workers 2`` once both workers' servers have started and the supervisor has seen it."""
+    """``serve --workers 2`` once both workers' servers have started and the supervisor has seen it (its line for
+    each: their checks now wait ``SERVING_CHECK_S``; a fixed 1.5 s sleep stood for that before)."""
     proc, port, workers = _serve_two(tmp_path)
     deadline = time.monotonic() + 90
-    while _msgs(tmp_path).count("Application startup complete.") < 2 and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert _msgs(tmp_path).count("Application startup complete.") == 2, _msgs(tmp_path)
-    time.sleep(1.5)  # the supervisor checks each worker every 0.5 s: it has had a "started" answer from both
+    serving = [f"Child process [{w}] is serving" for w in workers]
+    while not set(serving) <= set(_msgs(tmp_path)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert set(serving) <= set(_msgs(tmp_path)), _msgs(tmp_path)
     return proc, port, workers
 
 
