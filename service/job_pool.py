@@ -10,9 +10,9 @@ At the interpreter's exit (an ``atexit`` handler: it runs before daemon threads 
   progress report, or their end, well within it, so a fit inside its registration (artifact stored, row not yet
   committed) finishes it rather than leaving an orphan artifact and no version. The grace ends at the deadline the
   pool's server noted at its stop (:meth:`Stop.note`: ``shutdown_timeout_s`` after its first stop signal, now on a
-  forced stop), else :data:`EXIT_GRACE` seconds after the exit began. A job thread still running after that dies with its process,
-  as when the process is killed; the job store and the registry are built for that (their transactions roll back,
-  the record says "interrupted");
+  forced stop), else :data:`EXIT_GRACE` seconds after the exit began. A job thread still running after that dies
+  with its process, as when the process is killed; the job store and the registry are built for that (their
+  transactions roll back, the record says "interrupted");
 - a pool never shut down (library use: a script that submits jobs and ends) runs its queued and running jobs to their
   end, as a ThreadPoolExecutor's exit does, as far as the interpreter lets them: a job that starts threads of its own
   through ``concurrent.futures`` then fails ("cannot schedule new futures after interpreter shutdown").
