@@ -361,9 +361,14 @@ def test_a_final_record_that_could_not_be_written_is_written_later(tmp_path):
     assert other.get(first.id)[0].state == "running"
     second, _ = mgr.submit(lambda ctx: {"done": 2}, kind="fit")
     wait(mgr.get, second.id)
+    # the second job's state is final in memory a moment before its record (and the first's, written again on the
+    # way) reaches the store: wait for the store, not for the manager (1 run in 8 read it in between)
+    deadline = time.monotonic() + 30
+    while other.get(second.id)[0].state != "succeeded":
+        assert time.monotonic() < deadline, "the second job's final record never reached the store"
+        time.sleep(0.01)
     done = other.get(first.id)[0]
     assert done.state == "succeeded" and done.result == {"done": 1}
-    assert other.get(second.id)[0].state == "succeeded"
     mgr.shutdown(wait=True)
 
 
