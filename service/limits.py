@@ -25,8 +25,8 @@ from align.validation import MAX_EPS
 
 __all__ = [
     "Limits", "DEFAULT_LIMITS", "FIXED_LIMITS", "MAX_DIM", "MAX_ID", "MAX_SEED", "MAX_DESCRIPTION", "MAX_TAG_BYTES",
-    "MAX_JSON_DEPTH", "MAX_NEW_TOKENS", "MAX_PATH_MAPS", "INDEX_PARAM_RULES", "IVF_TRAIN_PER_LIST", "IVF_MAX_PER_LIST",
-    "MAX_EF_SEARCH", "EXACT_FLOAT_INT", "whole_int",
+    "MAX_EXPLICIT_ID", "MAX_JSON_DEPTH", "MAX_NEW_TOKENS", "MAX_PATH_MAPS", "INDEX_PARAM_RULES", "IVF_TRAIN_PER_LIST",
+    "IVF_MAX_PER_LIST", "MAX_EF_SEARCH", "EXACT_FLOAT_INT", "whole_int",
     "check_index_params", "seed_of", "check_dim", "check_json_depth", "check_int_literal", "JSON_INT_RANGE",
     "parse_strict_int", "check_range", "default_nlist", "default_nprobe", "IVF_SCAN_ROWS",
     "ivf_training", "limits_markdown", "WHOLE_BODY", "whole_body_command",
@@ -34,6 +34,12 @@ __all__ = [
 
 MAX_DIM = 65_536  # columns of a space / index / vector
 MAX_ID = 2**62  # index ids are < MAX_ID, so next automatic id + any batch stays far below 2**63 - 1
+#: Explicit ids (an add's or create's ``ids``) are < MAX_EXPLICIT_ID; automatic ids go on up to MAX_ID - 1. Automatic
+#: ids count from one past the largest id the index ever held and are never reused, so one explicit id at the top of
+#: the whole range (2**62 - 1, a client's mistake) left no automatic id for any client, for good, even once deleted.
+#: Below this ceiling an explicit id always leaves 2**61 (2.3e18) automatic ids: a million adds a second for 73,000
+#: years. Ids stored before the ceiling (up to 2**62 - 1) still load, search and delete.
+MAX_EXPLICIT_ID = 2**61
 MAX_SEED = 2**31 - 1  # FAISS k-means seeds are C ints
 MAX_DESCRIPTION = 4_096  # characters
 MAX_TAG_BYTES = 16_384  # a tag value, as compact JSON
@@ -115,7 +121,7 @@ def limits_markdown(limits: Limits, max_batch: int, max_body_bytes: int, body_ti
     for name, field in Limits.model_fields.items():
         rows.append((f"{field.description.rstrip('.')} (`{name}`)", getattr(limits, name),
                      _BEYOND.get(name, "413" if name.startswith("body_bytes") else "422")))
-    rows.append(("Index ids", "0 ≤ id < 2**62", "422"))
+    rows.append(("Index ids: explicit (`ids`); automatic ones go on up to 2**62 - 1", "0 ≤ id < 2**61", "422"))
     if body_timeout_s is not None:
         rows.append(("Silence while a request body is being sent (`body_timeout_s`)", f"{body_timeout_s:g} s", "408"))
     rows.extend(extra)

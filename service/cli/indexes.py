@@ -123,8 +123,8 @@ _write_opts = _with([
     click.option("--no-store-texts", "store_texts", flag_value=False, default=True,
                  help="Do not keep texts as payloads {\"text\": ...}."),
     click.option("--ids", "ids_file", type=click.Path(dir_okay=False), default=None,
-                 help="One int64 id per row: .npy, .json or whitespace-separated text (default: counting up from "
-                      "one past the largest id the index ever held; a deleted id is not used again)."),
+                 help="One id per row, 0 .. 2**61-1: .npy, .json or whitespace-separated text (default: counting "
+                      "up from one past the largest id the index ever held; a deleted id is not used again)."),
     click.option("--payloads", "payloads_file", type=click.Path(dir_okay=False), default=None,
                  help="FILE.jsonl: one JSON value per row (null: none), read alongside the rows."),
     json_opt, quiet_opt,

@@ -41,7 +41,7 @@ from align.frames import row_norms, unit_rows
 from align.validation import check_no_zero_rows
 
 from ..errors import shown as quoted
-from ..limits import MAX_ID, default_nprobe, ivf_training
+from ..limits import MAX_EXPLICIT_ID, MAX_ID, default_nprobe, ivf_training
 from ..threads import pin_thread
 
 __all__ = ["FLAT_MAX", "HNSW_MAX", "KINDS", "METRICS", "NAME_RE", "TOMBSTONE_REBUILD", "ListPlan", "choose_kind",
@@ -76,8 +76,10 @@ def check_name(name: str) -> str:
     return name
 
 
-def ids_array(ids, n: int | None = None, *, name: str = "ids", merge_repeats: bool = False) -> np.ndarray:
-    """``ids`` as a flat int64 array in ``0 .. 2**62 - 1`` (``n`` of them when given).
+def ids_array(ids, n: int | None = None, *, name: str = "ids", merge_repeats: bool = False,
+              explicit: bool = False) -> np.ndarray:
+    """``ids`` as a flat int64 array in ``0 .. 2**62 - 1`` (``n`` of them when given); ``explicit``: ids a client
+    gives rows (an add's), in ``0 .. 2**61 - 1`` (:data:`~service.limits.MAX_EXPLICIT_ID` says why).
 
     An id given twice is an :class:`InputError` (422: the request contradicts itself; nothing stored conflicts
     with it), or with ``merge_repeats`` (deletes) counted once: the sorted unique ids.
@@ -95,6 +97,10 @@ def ids_array(ids, n: int | None = None, *, name: str = "ids", merge_repeats: bo
         raise InputError(f"{name}: expected {n} ids (one per vector), got {arr.shape[0]}")
     if arr.size and (arr.min() < 0 or arr.max() >= MAX_ID):
         raise InputError(f"{name}: ids must be between 0 and 2**62 - 1")
+    if explicit and arr.size and arr.max() >= MAX_EXPLICIT_ID:
+        raise InputError(f"{name}: {int(arr.max())} is past the explicit ids' range 0 .. 2**61 - 1 (ids from 2**61 up "
+                         "are left to automatic ids, which count past the largest id ever held: an explicit id there "
+                         "would leave them none)")
     unique = np.unique(arr)
     if merge_repeats:
         return unique

@@ -266,10 +266,11 @@ class SpaceIndex(Changes):
         rows = X if prepared else self._prepared(X)  # bad rows are told as such, before any id is drawn or checked
         if ids is None:
             if self.next_id + n > MAX_ID:
-                raise InputError(f"index {self.name!r}: automatic ids would pass 2**62; give explicit ids")
+                raise InputError(f"index {self.name!r}: automatic ids would pass 2**62 (an id near 2**62 was stored "
+                                 "before explicit ids stopped at 2**61); give explicit ids")
             ids_arr = np.arange(self.next_id, self.next_id + n, dtype=np.int64)
         else:
-            ids_arr = ids_array(ids, n)
+            ids_arr = ids_array(ids, n, explicit=True)
             clash = ids_arr[np.isin(ids_arr, self._live_ids())]
             if clash.size:
                 raise IndexConflictError(

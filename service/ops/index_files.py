@@ -136,7 +136,7 @@ def _take(payloads: Iterator, m: int, done: int, n: int) -> list:
 
 
 def _check_ids(ids, n: int):
-    return None if ids is None else ids_array(ids, n)
+    return None if ids is None else ids_array(ids, n, explicit=True)
 
 
 def _train_sample(src: FileRows, dim: int, space: str, encoder, n: int, rows: int, random_state: int,

@@ -12,7 +12,7 @@ One test per finding:
    steers never return non-finite numbers (422 instead).
 7. Client input that was a 500: unicode digits in versions and X-Vector-Dim, huge dims, deep
    nesting; after any 5xx the answer still has ``x-request-id`` and ``Connection: close``.
-8. Ids: ids past 2**62 are refused, automatic ids never overflow.
+8. Ids: ids past 2**62 are refused, explicit ids from 2**61 too, so automatic ids never run out.
 9. No lock per unknown index name; names with a trailing newline refused; ``/metrics`` open/key/off;
    tag and description sizes.
 10. A body that stalls mid-way is a 408 after ``body_timeout_s`` and its connection is closed; a request head
@@ -662,15 +662,20 @@ def test_ids_never_overflow(server):
             _refused(c.post("/v1/indexes/ids/vectors", json={"vectors": row, "ids": [bad]}))
             r = _count(c.post("/v1/indexes/ids/delete", json={"ids": [bad]}))
             assert r.status_code == 422
-        r = _count(c.post("/v1/indexes/ids/vectors", json={"vectors": row, "ids": [2**62 - 1]}))
+        # explicit ids stop at 2**61 (the automatic ids' room); an id up to 2**62 - 1 is still one to delete
+        _refused(c.post("/v1/indexes/ids/vectors", json={"vectors": row, "ids": [2**61]}))
+        assert _count(c.post("/v1/indexes/ids/delete", json={"ids": [2**62 - 1]})).status_code == 200
+        r = _count(c.post("/v1/indexes/ids/vectors", json={"vectors": row, "ids": [2**61 - 1]}))
         assert r.status_code == 200
-        _refused(c.post("/v1/indexes/ids/vectors", json={"vectors": row}))  # next automatic id would be 2**62
+        r = _count(c.post("/v1/indexes/ids/vectors", json={"vectors": row}))
+        assert r.status_code == 200 and r.json()["ids"] == [2**61], r.text  # one past the largest id ever held
         assert _count(c.post("/v1/indexes/ids/vectors", json={"vectors": row, "ids": [7]})).status_code == 200
     srv.stop()
     srv.start()
     with srv.client(W) as c:
-        assert c.get("/v1/indexes/ids").json()["count"] == 3
-        _refused(c.post("/v1/indexes/ids/vectors", json={"vectors": row}))
+        assert c.get("/v1/indexes/ids").json()["count"] == 4
+        r = _count(c.post("/v1/indexes/ids/vectors", json={"vectors": row}))
+        assert r.status_code == 200 and r.json()["ids"] == [2**61 + 1], r.text
     _alive(srv)
 
 

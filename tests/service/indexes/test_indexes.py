@@ -218,11 +218,15 @@ def test_bad_input(data):
 
 
 def test_bad_rows_and_payloads_are_told_before_the_automatic_ids_run_out(data):
-    """Past an explicit id at the top of the range automatic ids are refused; a bad add said only that, so the user
-    who followed its advice (explicit ids) met a second, different error. The add's own fault comes first."""
+    """Past an id at the top of the range automatic ids are refused; a bad add said only that, so the user who
+    followed its advice (explicit ids) met a second, different error. The add's own fault comes first. (Explicit ids
+    stop at 2**61 now; an index that stored 2**62 - 1 before that, as its ``next_id`` records, is in this state.)"""
     X, _ = data
     idx = SpaceIndex.build("top", "s", X[:5])
-    idx.add(X[5:6], ids=[2**62 - 1])
+    with pytest.raises(InputError, match=r"past the explicit ids' range 0 \.\. 2\*\*61 - 1"):
+        idx.add(X[5:6], ids=[2**62 - 1])
+    idx.add(X[5:6], ids=[2**61 - 1])
+    idx.next_id = 2**62  # the next_id an index that stored 2**62 - 1 before the ceiling persisted
     with pytest.raises(InputError, match="payloads: expected a list of 1"):
         idx.add(X[6:7], payloads=[1, 2])
     with pytest.raises(InputError, match="zero"):
