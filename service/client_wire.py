@@ -321,8 +321,14 @@ def pinned(answer: dict) -> dict:
 
 
 # --- request bodies ------------------------------------------------------------------------------
+#: the yes/no fields of the request bodies (the service takes JSON true / false only there): :func:`clean` sends
+#: them as bools, numpy's too, and refuses anything else before the request (``exact=1`` was a 422 after the trip)
+FLAG_FIELDS = frozenset({"csls", "exact", "include_payloads", "store_texts", "paired", "overwrite", "dry_run"})
+
+
 def clean(d: dict) -> dict:
-    return {k: v for k, v in d.items() if v is not None}
+    """``d`` without its None values; its :data:`FLAG_FIELDS` as bools (:func:`as_flag`)."""
+    return {k: as_flag(v, k) if k in FLAG_FIELDS else v for k, v in d.items() if v is not None}
 
 
 def new_key() -> str:

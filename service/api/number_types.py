@@ -32,7 +32,6 @@ def count(least: int | None = None, most: int | None = None) -> Any:
 Count = count()
 #: A real number in a JSON body: an integer or a float as JSON writes it (not `true`, not "nan").
 Real = Annotated[float, Strict()]
-#: A yes/no field in a JSON body: ``true`` or ``false`` only. Pydantic's lax bool took ``"yes"``, ``"on"``, ``"1"``,
-#: ``1`` and ``0`` (``POST /v1/plans`` ran ``"keep": "yes"`` as true where ``"k": "10"`` was a 422): strict, as the
-#: numbers are.
+#: A yes/no field in a JSON body: ``true`` or ``false`` only. pydantic's lax bool took ``0``, ``-0.0``, ``1`` and the
+#: strings "1", "yes", "off" as booleans, where a number field refuses ``true``: strict both ways.
 Flag = Annotated[bool, Strict()]

@@ -204,7 +204,7 @@ class SearchOptions(_Strict):
                           "them in order (a list: from `space` to the index's space), e.g. the `maps` of an earlier "
                           "answer as `name:version`: every batch of a large query set then goes through the same "
                           "versions, whatever aliases move meanwhile.")
-    k: Count = Field(10, ge=1, le=10_000, json_schema_extra={"x-limit": "max_k"}, description=(  # document.py
+    k: Count = Field(10, ge=1, json_schema_extra={"x-limit": "max_k"}, description=(  # max_k, no le: check_k
         f"Results per query: at most `limits.max_k` (default {DEFAULT_LIMITS.max_k}; the maximum here is this "
         f"service's); queries × k at most `max_hits` (default {DEFAULT_LIMITS.max_hits})."))
     csls: Flag = Field(False, description="Re-rank candidates by CSLS (reduces hubness of mapped queries).")
@@ -264,7 +264,7 @@ class FitRequest(_Strict):
                                                  "lowrank (align.fit_lowrank's rank-k map, `params.rank` required), "
                                                  "auto, contrastive, cluster (per-cluster maps, align.ClusterMap).")
     params: dict[str, Any] = Field(default_factory=dict)
-    paired: bool | None = Field(None, description="Rows of source and target are pairs (row i <-> row i). Default, "
+    paired: Flag | None = Field(None, description="Rows of source and target are pairs (row i <-> row i). Default, "
                                                   "as in the CLI: true for the paired methods (procrustes, ridge, "
                                                   "lowrank, auto, contrastive, cluster), false for minivec2vec; true "
                                                   "with no `method` is a 422 unless 2+ `seed_pairs` seed minivec2vec.")

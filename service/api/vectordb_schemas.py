@@ -78,7 +78,7 @@ class CollectionSearchOptions(_Strict):
                                         "path of maps.")
     map: MapPath | None = Field(None, description="Use this map (or path of maps, in order) instead of the registry's "
                                                   "path.")
-    k: Count = Field(10, ge=1, le=10_000, json_schema_extra={"x-limit": "max_k"},  # the configured max_k: document.py
+    k: Count = Field(10, ge=1, json_schema_extra={"x-limit": "max_k"},  # max_k: document.py, check_k (no `le` here)
                      description="Results per query (at most `limits.max_k`).")
     collection_space: Name | None = Field(None, description="Space of the collection's vectors when it records none "
                                                            "(a migrated collection records its space); one that "

@@ -43,8 +43,8 @@ from ..spaces import check_rows, index_frame, space_references
 from .steers import steer_queries
 
 __all__ = ["Resolver", "RegistryResolver", "Translation", "translation", "leads", "space_encoder", "SearchResult",
-           "embed_texts", "create_index", "add_rows", "query_dim", "check_hits", "search", "search_parts", "hits",
-           "check_rows_space", "unchecked_log"]
+           "embed_texts", "create_index", "add_rows", "query_dim", "check_k", "check_hits", "search", "search_parts",
+           "hits", "check_rows_space", "unchecked_log"]
 
 log = get_logger("indexes")
 
@@ -290,10 +290,15 @@ def query_dim(resolver: Resolver, idx: SpaceIndex, space: str | None,
     return resolver.get_space(space).dim if space and space != idx.space else idx.dim
 
 
-def check_hits(n_queries: int, k: int, limits) -> None:
-    """Bound the answer before searching: ``k <= max_k`` and ``queries x k <= max_hits`` (422)."""
+def check_k(k: int, limits) -> None:
+    """``k <= max_k`` (422): the one bound of ``k`` and its one message (HTTP checks it as the body is parsed)."""
     if k > limits.max_k:
         raise InputError(f"k={k} exceeds the limit of {limits.max_k} results per query (limits.max_k)")
+
+
+def check_hits(n_queries: int, k: int, limits) -> None:
+    """Bound the answer before searching: ``k <= max_k`` and ``queries x k <= max_hits`` (422)."""
+    check_k(k, limits)
     if n_queries * k > limits.max_hits:
         raise InputError(f"{n_queries} queries x k={k} = {n_queries * k} hits exceed the limit of {limits.max_hits} "
                          f"per request (limits.max_hits); send fewer queries per request or a smaller k")

@@ -46,6 +46,7 @@ async def search_collection_route(name: str, request: Request, state: StateDep, 
         check_name(name)
         opts, Q = parse_rows(body, CollectionSearchOptions, settings.max_batch,
                              lambda o: state.registry.get_space(o.space).dim)
+        index_ops.check_k(opts.k, settings.limits)  # before texts are embedded for it
         if Q is None:
             Q = index_ops.embed_texts(state, opts.space, opts.texts, "query")
         index_ops.check_hits(Q.shape[0], opts.k, settings.limits)

@@ -192,6 +192,7 @@ def search_call(state, settings, idx: SpaceIndex, body: bytes, *, resolver=None,
     res = resolver or state
     opts, Q = parse_rows(body, SearchOptions, settings.max_batch,
                          lambda o: index_ops.query_dim(res, idx, o.space, o.map))
+    index_ops.check_k(opts.k, settings.limits)  # before any estimate or text is embedded for it
     if defer and search_estimate(idx, opts, Q) > HEAVY_SEARCH_WORK:
         return Heavier(lambda: _search_answer(res, settings, idx, opts, Q, wait))
     return _search_answer(res, settings, idx, opts, Q, wait)
