@@ -25,8 +25,13 @@ def check_number(name: str, value, lo: float, hi: float, *, whole: bool = False,
           and (lo < value if lo_open else lo <= value) and (value < hi if hi_open else value <= hi))
     if not ok:
         raise InputError(f"{name} must be {'an integer' if whole else 'a number'} in {'(' if lo_open else '['}"
-                         f"{lo:g}, {hi:g}{')' if hi_open else ']'}, got {value!r}")
+                         f"{_bound(lo)}, {_bound(hi)}{')' if hi_open else ']'}, got {value!r}")
     return int(value) if whole else float(value)
+
+
+def _bound(x) -> str:
+    """A bound as the message shows it: an int in full (``1 << 20`` read "1.04858e+06"), a float as ``:g``."""
+    return str(x) if isinstance(x, (int, np.integer)) else f"{x:g}"
 
 
 def check_batch_size(batch_size) -> int:

@@ -120,6 +120,18 @@ def nonfinite_error(X: np.ndarray, name: str) -> NonFiniteError:
     return _beyond_float32(X, name) or NonFiniteError(f"{name}: {_nonfinite_rows(X)} row(s) contain NaN or Inf")
 
 
+def _where_text(X) -> str:
+    """Where the first string of the rows ``X`` (lists) is, as the start of a message ("" if not found)."""
+    rows = X if isinstance(X, (list, tuple)) else ()
+    for i, row in enumerate(rows):
+        for j, value in enumerate(row if isinstance(row, (list, tuple)) else (row,)):
+            if isinstance(value, (str, bytes)):
+                shown = value if len(value) <= 40 else value[:40] + "..."
+                return f"row {i}, column {j} holds the string {shown!r}: " if row is not value else \
+                    f"row {i} is the string {shown!r}: "
+    return ""
+
+
 def as_matrix(
     X,
     *,
@@ -163,6 +175,9 @@ def as_matrix(
         if arr.dtype == np.bool_:  # read as 0/1 without a word; far more often a mask (X > 0) than an embedding
             raise InputError(f"{name}: a boolean array (dtype bool, a mask?) is not vectors; to pass 0/1 on purpose, "
                              f"convert it: X.astype(np.float32)")
+        if arr.dtype.kind in "US":  # a string among numbers made every value a string: say which one, and why
+            raise InputError(f"{name}: {_where_text(X)}strings are not numbers (expected a numeric array, got dtype "
+                             f"{arr.dtype}); send numbers, unquoted")
         if arr.dtype == object or arr.dtype.kind in "mM" or not np.issubdtype(arr.dtype, np.number):
             column = arr.dtype == object and arr.ndim == 1 and arr.size and isinstance(arr[0], (np.ndarray, list))
             raise InputError(f"{name}: expected a numeric array, got dtype {arr.dtype}"  # timedelta64 is a number
