@@ -164,6 +164,11 @@ class LinearMap(StoredMap):
         so a caller that has only decoded ``X`` (shape and dtype, not its values) should leave it on rather than
         make a pass of its own. ``name``: what the error messages call ``X``. An array of another dtype than float32
         (a float16 memmap) is converted ``batch_size`` rows at a time (:meth:`StoredMap._apply_pieces`).
+
+        An all-zero row has no direction: its unit row is taken as zero (:meth:`Frame.apply`), so it maps to the
+        image of the source frame's origin, one and the same row for every zero input; a defined value, not a
+        meaningful vector. ``vecbridge transform`` and ``POST /v1/maps/{ref}/transform`` refuse zero rows, as
+        a search through a map and a migration do.
         """
         if validate and copies_whole(X):
             batch_size = check_batch_size(batch_size)

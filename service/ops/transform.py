@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from align.coverage import keep_native_rows
-from align.exceptions import DimensionMismatchError, EmptyInputError, InputError
+from align.exceptions import DegenerateInputError, DimensionMismatchError, EmptyInputError, InputError
 
 from ..encoders import space_encoder
 from ..io import (
@@ -32,7 +32,8 @@ from ..storage import check_writable
 from ..tables import MappedWriter
 from ..vectordb.keep import check_keep
 
-__all__ = ["check_direction", "check_direction_rows", "first_rows", "rows_through", "transform_file"]
+__all__ = ["check_direction", "check_direction_rows", "check_no_zero_rows", "first_rows", "rows_through",
+           "transform_file"]
 
 
 def transform_file(registry, ref: str, inp, out, *, chunk_rows: int = 65536, output: str = "raw", rows=None,
@@ -74,8 +75,10 @@ def transform_file(registry, ref: str, inp, out, *, chunk_rows: int = 65536, out
         check_direction(v, m, inp, rows=rows, key=key, column=column, warn=warn)
 
     def mapped(chunks):
-        if ray_address is None:
-            return (m.apply(chunk, output=output) for chunk in chunks)
+        name, skip = Path(inp).name, None if kept is None else kept[0]
+        if ray_address is None:  # zero rows told after the apply's NaN check, as HTTP tells them
+            return _no_zero_rows(chunks, name, skip, lambda chunk: m.apply(chunk, output=output))
+        chunks = _no_zero_rows(chunks, name, skip)
         from ..distributed import apply_stream_ray  # Ray: imported only when asked for
 
         return apply_stream_ray(m, chunks, output=output, address=None if ray_address == "local" else ray_address)
@@ -98,6 +101,35 @@ def transform_file(registry, ref: str, inp, out, *, chunk_rows: int = 65536, out
                        text_field=text_field, progress=progress)
     return {"map": v.ref, "rows": res["rows"], "out": res["out"], "dim": res["dim"], "output": output,
             "note": res["note"], **({} if kept is None else {"kept": int(kept[0].size)})}
+
+
+def check_no_zero_rows(X: np.ndarray, name: str, first: int = 0, skip: np.ndarray | None = None) -> None:
+    """DegenerateInputError naming the all-zero rows of ``X`` (n, d) (numbered from ``first``; those in ``skip``, rows
+    written native, let through). A zero row has no direction: a map sent it to its offset (the image of the frame's
+    origin), a made-up vector that then ranked like a real one, where a search through a map and a migration refuse
+    it. ``LinearMap.apply`` keeps that image (the library's defined value); the transform, HTTP and CLI, refuses."""
+    zero = ~np.logical_or.reduce(X != 0, axis=1)  # NaN is not zero (the apply names it)
+    if X.shape[0] and zero.any():
+        at = np.flatnonzero(zero) + first
+        at = at if skip is None else at[~np.isin(at, skip)]
+        if at.size:
+            shown = ", ".join(map(str, at[:10].tolist())) + (", ..." if at.size > 10 else "")
+            raise DegenerateInputError(f"{name}: {at.size} all-zero row(s) (row {shown}); a zero row has no direction, "
+                                       "and the map would send it to its offset, a made-up vector ranked like a real "
+                                       "one (a search through a map and a migration refuse it too): drop such rows "
+                                       "or embed them")
+
+
+def _no_zero_rows(chunks: Iterable[np.ndarray], name: str, skip: np.ndarray | None,
+                  apply: Callable[[np.ndarray], np.ndarray] | None = None) -> Iterator[np.ndarray]:
+    """``chunks`` (``apply``: each mapped by it), each checked by :func:`check_no_zero_rows` (rows numbered across
+    chunks) before it is yielded."""
+    done = 0
+    for chunk in chunks:
+        out = chunk if apply is None else apply(chunk)
+        check_no_zero_rows(chunk, name, done, skip)
+        done += chunk.shape[0]
+        yield out
 
 
 def _kept_rows(inp, rows, keep_rows, keep_vectors, dim: int, *, key=None, column=None, text_field: str = "text"

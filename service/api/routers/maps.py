@@ -15,7 +15,7 @@ from align.exceptions import DimensionMismatchError, InputError
 
 from ...limits import MAX_DIM, parse_strict_int
 from ...ops import maps as map_ops
-from ...ops.transform import check_direction_rows
+from ...ops.transform import check_direction_rows, check_no_zero_rows
 from ...registry import parse_ref
 from ...registry.cache import LRUCache
 from ..codec import (JSON, NPY, OCTET, b64_encode, check_query, may_hold_bools, media_type, npy_bytes, options_of,
@@ -361,6 +361,7 @@ def transform_call(state, settings, ref: str, mt: str, body: bytes, *, query_opt
     check_direction_rows(v, m, X[:CHECK_ROWS], name="the vectors", how="POST /v1/maps/MAP/transform")
     # NaN/Inf: checked by the apply (a linear map reads it off the row norms it computes anyway: no pass of its own)
     Y = m.apply(X, output=opts.output, name="vectors")
+    check_no_zero_rows(X, "vectors")  # after the apply's NaN check: a search through a map refuses them too
     json_answer = mt == JSON or prefers_json(accept, mt)
     if json_answer and opts.encoding_format == "float" and Y.size > settings.limits.max_response_values:
         raise InputError(f"{Y.shape[0]} x {Y.shape[1]} numbers exceed the JSON answer limit of "

@@ -122,6 +122,32 @@ def test_bad_keep_options_exit_2_with_a_message_and_write_nothing(capsys, tmp_pa
     assert not out.exists() and not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # nor a temporary
 
 
+def test_an_all_zero_row_is_refused_by_its_row_unless_it_is_kept_native(capsys, tmp_path, world):
+    """A zero row was mapped to the map's offset, a made-up vector (``POST /v1/maps/{ref}/transform`` and a
+    migration refuse such rows): exit 2 naming the row, counted across chunks, and no output; a kept row is
+    written native, so a zero there is no one's problem."""
+    root, X, _, _ = world
+    zero = X.copy()
+    zero[[250, 3]] = 0
+    np.save(tmp_path / "zero.npy", zero)
+    out = tmp_path / "out.npy"
+    code, _, err = run(capsys, "--data-dir", root / "var", "transform", "--quiet", "--map", "m",
+                       tmp_path / "zero.npy", out, "--chunk-rows", "100")
+    assert code == 2 and "zero.npy: 1 all-zero row(s) (row 3); a zero row has no direction" in err, err
+    assert not out.exists()
+    code, _, err = run(capsys, "--data-dir", root / "var", "transform", "--quiet", "--map", "m",
+                       tmp_path / "zero.npy", out, "--chunk-rows", "100", "--keep-rows", root / "rows.npy",
+                       "--keep-vectors", root / "new_pairs.npy")
+    assert code == 2 and "1 all-zero row(s) (row 250)" in err, err  # row 3 is kept: its own vector is written
+    assert not out.exists()  # the third chunk's row: two chunks were written, and the output is not left behind
+    zero[250] = X[250]
+    np.save(tmp_path / "zero.npy", zero)
+    code, _, err = run(capsys, "--data-dir", root / "var", "transform", "--quiet", "--map", "m",
+                       tmp_path / "zero.npy", out, "--chunk-rows", "100", "--keep-rows", root / "rows.npy",
+                       "--keep-vectors", root / "new_pairs.npy")
+    assert code == 0 and np.load(out).shape == (N, D), err
+
+
 def test_a_bad_keep_set_is_refused_before_a_row_is_mapped_or_written(tmp_path, world):
     """An all-zero keep vector for input row 899 was refused when its chunk came, after chunks 0-7 were mapped and
     written to the output's temporary file (progress said 89%); now the set is checked whole first, as a migration
