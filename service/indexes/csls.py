@@ -159,7 +159,11 @@ def csls_search(Q: np.ndarray, k: int, csls_k: int, n_live: int, search: Search,
     if uniq.size:
         hub = hubs.hubness(uniq, csls_k, search, reconstruct, settings, limit)
         r_d[I >= 0] = hub[np.searchsorted(uniq, I[I >= 0])]
-    C = np.where(I >= 0, 2.0 * S - r_q[:, None] - np.float32(weight) * r_d, -np.inf).astype(np.float32)
+    # the padding's scores (FAISS's -FLT_MAX) are never doubled: 2 S over them overflowed to -inf, a RuntimeWarning
+    # in the server's log, though np.where then dropped them; only the found rows' scores are computed (same values)
+    live = I >= 0
+    C = np.full(I.shape, -np.inf, np.float32)
+    C[live] = 2.0 * S[live] - np.broadcast_to(r_q[:, None], I.shape)[live] - np.float32(weight) * r_d[live]
     order = np.argsort(-C, axis=1, kind="stable")[:, :k]
     S_out = np.take_along_axis(C, order, axis=1)
     I_out = np.take_along_axis(I, order, axis=1)
