@@ -109,7 +109,8 @@ class LinearMap(StoredMap):
         given, self.W = self.W, as_real_array(self.W, name="W", ndim=2)
         if not self.W.any() and np.any(given):  # a constant map (np.eye * 1e-30 composed with itself, ridge alpha=1e50)
             raise NotRepresentableError("W: every entry is below float32's smallest value (~1.4e-45) and would be "
-                                        "stored as 0, a map that sends every row to the same point; scale the map")
+                                        "stored as 0, a map that sends every row to the same point; scale the map "
+                                        "(a ridge fit: lower alpha)")
         if 0 in self.W.shape:
             raise InputError(f"W must be a non-empty 2-D array (d_s, d_t), got shape {self.W.shape}")
         if self.bias is not None:

@@ -412,6 +412,12 @@ def map_from_stats(stats: PairStats, frames: tuple[Frame, Frame], method: str = 
     return LinearMap(W, bias, frames[0], frames[1], meta)
 
 
+#: The largest ridge ``alpha`` (absolute: the penalty on the squared weights beside the pairs' XᵀX, whose trace is
+#: the pair count for unit rows). Any finite value was taken: 1e308 was accepted and the fit failed late, W stored
+#: as 0 ("scale the map"). Far below 1e12 a penalty already swamps XᵀY of any pair count: W is XᵀY / alpha.
+MAX_RIDGE_ALPHA = 1e12
+
+
 def _check_values(params: dict) -> dict:
     """The flags, ``alpha``, ``rank`` and ``chunk_size`` among ``params`` checked (typed errors); returns the
     whole numbers as ``int``."""
@@ -419,7 +425,7 @@ def _check_values(params: dict) -> dict:
         if key in params:
             check_flag(key, params[key])
     if "alpha" in params:
-        check_number("alpha", params["alpha"], 0.0, float(np.finfo(np.float64).max))  # any finite penalty
+        check_number("alpha", params["alpha"], 0.0, MAX_RIDGE_ALPHA)
     return {key: check_number(key, params[key], 1, hi, whole=True)
             for key, hi in (("rank", 1 << 20), ("chunk_size", 1 << 31)) if key in params}
 

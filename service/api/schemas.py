@@ -263,7 +263,8 @@ class FitRequest(_Strict):
                                                  "which needs a method, as the CLI's --method), procrustes, ridge, "
                                                  "lowrank (align.fit_lowrank's rank-k map, `params.rank` required), "
                                                  "auto, contrastive, cluster (per-cluster maps, align.ClusterMap).")
-    params: dict[str, Any] = Field(default_factory=dict)
+    params: dict[str, Any] = Field(default_factory=dict, description="The method's, e.g. `alpha` (ridge, lowrank: "
+                                   "0 .. 1e12; auto's, per pair: 0 .. 1e6), `rank` (lowrank); others are a 422.")
     paired: Flag | None = Field(None, description="Rows of source and target are pairs (row i <-> row i). Default, "
                                                   "as in the CLI: true for the paired methods (procrustes, ridge, "
                                                   "lowrank, auto, contrastive, cluster), false for minivec2vec; true "

@@ -55,7 +55,8 @@ _ray_help = ("Run on Ray — a local Ray, or the cluster at ADDRESS (e.g. ray://
                    "per-cluster family included; lowrank: the rank-k map of align.fit_lowrank (--param rank=N "
                    "required; not fit_migration's Procrustes-plus-residual candidate of that name); cluster: "
                    "per-cluster local maps (align.ClusterMap).")
-@click.option("--param", "params", multiple=True, help="KEY=VALUE fitter parameter (JSON values), repeatable.")
+@click.option("--param", "params", multiple=True, help="KEY=VALUE fitter parameter (JSON values), repeatable; "
+              "e.g. alpha=0.01 (ridge / lowrank: 0 .. 1e12; auto's, per pair: 0 .. 1e6), rank=64 (lowrank).")
 @click.option("--unpaired-source", type=click.Path(dir_okay=False), default=None,
               help="More source-model vectors beside the pairs (e.g. the whole old corpus; .npy, .npz, .fvecs, "
                    ".parquet): they shape the source frame, compete in auto's held-out selection, give contrastive "

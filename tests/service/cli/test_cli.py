@@ -392,6 +392,9 @@ def test_two_files_whose_stems_name_one_space_are_refused(capsys, data, tmp_path
     (["--source-rows", "0:10", "--target-rows", "0:20"], "as many source rows"),
     (["--name", "../etc/passwd"], "not allowed"),
     (["--param", "bogus=1"], "bad parameter"),
+    # accepted, and the fit failed late saying "scale the map"; the range read "[1, 1.04858e+06]"
+    (["--method", "ridge", "--param", "alpha=1e308"], "alpha must be a number in [0, 1e+12], got 1e+308"),
+    (["--method", "lowrank", "--param", "rank=2097152"], "rank must be an integer in [1, 1048576]"),
 ])
 def test_bad_input_is_one_line_and_exit_2(capsys, data, args, message):
     base = {"--source": str(data / "src.npy"), "--target": str(data / "tgt.fvecs"), "--method": "procrustes",
