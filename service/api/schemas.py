@@ -52,9 +52,8 @@ DimCount = count(1, MAX_DIM)  # with Dim: `dim: DimCount | None = Dim`
 Seed = Field(0, ge=0, le=MAX_SEED, description="Seed of every random step (0 .. 2**31-1).")
 #: A steer's strength: a real number within [-MAX_STEER_EPS, MAX_STEER_EPS] (service.limits says why)
 SteerEps = Annotated[Real, Field(ge=-MAX_STEER_EPS, le=MAX_STEER_EPS, allow_inf_nan=False)]
-Ids = Field(None, description="One id per row, 0 .. 2**61-1 (default: counting up from one past the largest "
-                                "id the index ever held; a deleted id is not used again; automatic ids go on up to "
-                                "2**62-1).")
+Ids = Field(None, description="One id per row, 0 .. 2**61-1 (default, up to 2**62-1: counting up from one past "
+            "the largest id the index ever held; a deleted id is not used again).")
 #: A pinned map (``name``, ``name@alias``, ``name:N``) or a path of them in order (a list, at most MAX_PATH_MAPS):
 #: what a search's or an embedding's ``map`` takes; ``service.ops.indexes.translation`` checks it hop by hop.
 # "" was taken as no map (the registry's path) where [] was a 422
