@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 
 import numpy as np
+import pytest
 from _api_support import R, W, served_world
 
 
@@ -187,3 +188,76 @@ def test_yes_no_fields_are_json_booleans_as_numbers_are_json_numbers(tmp_path):
                                                        "vectors": Y[:20].tolist()})
             assert r.status_code == 422 and ": store_texts: " in r.json()["error"]["message"], (bad, r.text)
         assert c.post("/v1/maps/a2b/evaluate", headers=R, json={**pairs, "csls": False}).status_code == 200
+
+
+def _request_models(doc: dict):
+    """The pydantic models of every JSON request body the service documents (the OpenAPI requestBody schemas, their
+    nested models included), by the component name each is referred to as."""
+    from pydantic import BaseModel
+
+    import service.api.app  # noqa: F401  (every schema module loaded)
+
+    names = set()
+
+    def refs(node):
+        if isinstance(node, dict):
+            ref = node.get("$ref", "")
+            if ref.startswith("#/components/schemas/") and ref.split("/")[-1] not in names:
+                names.add(ref.split("/")[-1])
+                refs(doc["components"]["schemas"][ref.split("/")[-1]])
+            for v in node.values():
+                refs(v)
+        elif isinstance(node, list):
+            for v in node:
+                refs(v)
+
+    for path in doc["paths"].values():
+        for op in path.values():
+            if isinstance(op, dict) and "requestBody" in op:
+                for media in op["requestBody"]["content"].values():  # a body's own schema is inline, by its title
+                    names.add(media.get("schema", {}).get("title"))
+                refs(op["requestBody"])
+    seen, stack = {}, [BaseModel]
+    while stack:
+        for sub in stack.pop().__subclasses__():
+            stack.append(sub)
+            if sub.__module__.startswith("service.") and sub.__name__ in names:
+                seen[sub.__name__] = sub
+    return seen
+
+
+def test_every_yes_no_field_of_every_request_body_is_a_json_boolean(tmp_path):
+    """Review, session 53: ``POST /v1/fits``'s ``paired`` stayed a lax ``bool | None`` after the other yes/no fields
+    became strict, so ``"paired": "yes"`` (or 1, "on") was read as true. Every boolean field of every documented
+    request body refuses anything but ``true`` / ``false`` (and ``null`` where it is optional)."""
+    from pydantic import TypeAdapter, ValidationError
+
+    with served_world(tmp_path) as (c, _, _world):
+        models = _request_models(c.get("/openapi.json").json())
+    assert {"FitRequest", "PlanRequest", "EvaluateRequest", "SearchRequest"} <= set(models), sorted(models)
+    flags = []
+    for name, model in models.items():
+        for field, info in model.model_fields.items():
+            ann = info.rebuild_annotation()
+            if "bool" not in repr(ann):
+                continue
+            flags.append(f"{name}.{field}")
+            check = TypeAdapter(ann)
+            assert check.validate_python(True) is True and check.validate_python(False) is False, (name, field)
+            for bad in ("yes", "true", 1, 0):
+                with pytest.raises(ValidationError):
+                    check.validate_python(bad)
+    assert "FitRequest.paired" in flags and "PlanRequest.keep" in flags, flags
+
+
+def test_a_fit_with_paired_yes_is_a_422_naming_paired(tmp_path):
+    """``POST /v1/fits`` with ``"paired": "yes"`` queued a paired fit; it is a 422 naming ``paired`` now, and
+    ``"paired": true`` fits as before."""
+    with served_world(tmp_path) as (c, _, world):
+        X, Y = world["X"], world["Y"]
+        body = {"name": "pp", "source_space": "a", "target_space": "b", "method": "procrustes",
+                "source": {"vectors": X[:50].tolist()}, "target": {"vectors": Y[:50].tolist()}}
+        for bad in ("yes", 1, "true"):
+            r = c.post("/v1/fits", headers=W, json={**body, "paired": bad})
+            assert r.status_code == 422 and ": paired: " in r.json()["error"]["message"], (bad, r.text)
+        assert c.post("/v1/fits", headers=W, json={**body, "paired": True}).status_code == 202
