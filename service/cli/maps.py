@@ -24,7 +24,7 @@ from ..indexes.csls import CSLS_WEIGHT
 from ..io import check_not_input, count_rows, parse_rows, read_vectors, resolve_rows
 from ..ops.maps import SUPERVISED, run_fit, unreliable_note
 from ..ops.transform import transform_file
-from ..ops.plans import EVAL_MAX_QUERIES, evaluate_map, plan
+from ..ops.plans import EVAL_MAX_QUERIES, evaluate_map, gate_zero_note, plan
 from ..ops.unpaired import UNPAIRED, check_unpaired, check_unpaired_method
 from ..encoders import canonical_name
 from ..figures import train_cos_note
@@ -325,8 +325,10 @@ def eval_cmd(obj: Ctx, ref, min_top1, min_retention, queries_path, queries_rows,
     for w in caught:  # any other warning goes on as it came (numpy's, a library's)
         if not issubclass(w.category, VecbridgeWarning):
             warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    zero = gate_zero_note(res["retrieval"], record)  # said under the PASS line, not as a warning
     for note in res["notes"]:  # rows neither side of the map recognises: the figures may be of another model's
-        warn(note)
+        if note not in zero:
+            warn(note)
     r = res["retrieval"]
     # top-1 ranks in the target's centred frame; a search ranks raw outputs (query-side recall@1), which can be
     # lower (WordNet minilm -> glove, 384 -> 50: 0.733 centred, 0.637 raw): both are shown
@@ -343,7 +345,7 @@ def eval_cmd(obj: Ctx, ref, min_top1, min_retention, queries_path, queries_rows,
                  f"--random-state {random_state}), each against all {res['n_candidates']}; 95% intervals: "
                  + "  ".join(f"{m} {iv[m][0]:.4f}-{iv[m][1]:.4f}" for m in ("top1", "recall@10", "nn_retention@10")
                              if m in iv))
-    if "labelled" not in r and r["proxy"]["undecided"] and not min_retention:  # as the labelled one's, below
+    if "labelled" not in r and r["proxy"]["undecided"] and min_retention is None:  # as the labelled one's, below
         text += f"\n  this nn_retention@10 passes no gate (a gate above it fails): {r['proxy']['undecided']}"
     if "labelled" in r:
         lab = r["labelled"]
@@ -353,7 +355,7 @@ def eval_cmd(obj: Ctx, ref, min_top1, min_retention, queries_path, queries_rows,
                  + f"  (migrated/native)  retention R@10 {_retention(r['retention'])}"
                  + (f" (95% interval {r['retention_interval'][0]:.4f}-{r['retention_interval'][1]:.4f})"
                     if r.get("retention_interval") else ""))
-        if lab.get("undecided") and not min_retention:  # with a gate: exit 2 with this reason (0: a PASS, below)
+        if lab.get("undecided") and min_retention is None:  # a gate: exit 2 with this reason (0: a PASS, below)
             kept = (" and is not recorded (an earlier eval.labelled_retention is removed: the eval.* tags are this "
                     "run's)")
             text += (f"\n  this retention decides no gate{kept if record else ''}: "
@@ -375,10 +377,9 @@ def eval_cmd(obj: Ctx, ref, min_top1, min_retention, queries_path, queries_rows,
         text += f"\n{r['result']}: {r['retention_metric']} {r['retention']:.4f}"
         text += (f" (95% interval {iv[0]:.4f}-{iv[1]:.4f} over {r['labelled']['n_queries']} queries)"
                  if iv is not None else "") + f" vs {min_retention}"
-        why = (r["labelled"] if "labelled" in r else r["proxy"])["undecided"]
-        if min_retention == 0 and why:  # passed, as a gate of 0 passes any figure; the figure itself says nothing
-            text += f"\n  a gate of 0 passes any retention; this one says nothing of the map: {why}"
-        if r.get("gate_within_interval"):
+        for note in zero:  # passed, as a gate of 0 passes any figure; the figure itself says nothing
+            text += f"\n  {note}"
+        if r.get("gate_within_interval"):  # never at a gate of 0, which any defined figure decides
             text += "\n  the gate lies inside the interval: these queries cannot decide it; more labelled queries can"
     emit(res, as_json, text)
     if res.get("result") == "FAIL":

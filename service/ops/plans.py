@@ -154,8 +154,8 @@ def retention_gate(map_, X: np.ndarray, Y: np.ndarray, *, min_retention: float |
         res["passed"] = bool(res["retention"] >= min_retention)
         res["result"] = "PASS" if res["passed"] else "FAIL"
         iv = res.get("retention_interval")
-        if iv is not None:
-            res["gate_within_interval"] = bool(iv[0] <= min_retention <= iv[1])
+        if iv is not None:  # a gate of 0 is decided by any defined figure, whatever the interval
+            res["gate_within_interval"] = bool(0 < min_retention and iv[0] <= min_retention <= iv[1])
     return res
 
 
@@ -211,7 +211,7 @@ def _above_native(r: dict) -> list[str]:
     passes it as it passes 1, and the interval is the bootstrap's own (above 1 too, never clipped), but a reader
     of "retention 1.5" is owed why a copy can beat the original."""
     lab = r.get("labelled")
-    if lab is None or r["retention"] is None or r["retention"] <= 1.0:
+    if lab is None or r["retention"] is None or r["retention"] <= 1.0 or lab["undecided"]:  # at chance: noise
         return []
     q = lab["n_queries"]
     mig, nat = round(lab["migrated"]["R@10"] * q), lab["native_hits"]
@@ -220,6 +220,22 @@ def _above_native(r: dict) -> list[str]:
             f"the map's output lies nearer them than the new model's own document vectors do. A gate passes it as "
             f"it passes 1 (nothing is lost); a migration seldom gains, so check that the queries are of the model "
             f"the side expects (--side / side target: the new model's; source: the old model's)"]
+
+
+def gate_zero_note(r: dict, record: bool = False) -> list[str]:
+    """The note of a gate of 0 on a figure that decides no other gate (``r``: :func:`retention_gate`'s, ``undecided``
+    set): it passes, as a gate of 0 passes any defined figure, and the figure says nothing of the map. The one
+    statement the CLI prints under its PASS and the HTTP answer's ``notes`` carry (the CLI printed "passes no gate"
+    and "the gate lies inside the interval" around the PASS)."""
+    if r.get("min_retention") != 0:
+        return []
+    lab = r.get("labelled")
+    why = (lab if lab is not None else r["proxy"])["undecided"]
+    if not why:
+        return []
+    kept = (" (not recorded: an earlier eval.labelled_retention is removed, the eval.* tags are this run's)"
+            if record and lab is not None else "")
+    return [f"a gate of 0 passes any retention; this one says nothing of the map{kept}: {why}"]
 
 
 def check_eval_spaces(v, m, X: np.ndarray, Y: np.ndarray) -> list[str]:
@@ -290,7 +306,7 @@ def evaluate_map(registry, ref: str, X: np.ndarray, Y: np.ndarray, *, csls: bool
                                       max_queries=max_queries, random_state=random_state)
     res["retention"] = res["retrieval"]["retention"]
     res["map"] = v.ref
-    res["notes"] = notes + _above_native(res["retrieval"])
+    res["notes"] = notes + _above_native(res["retrieval"]) + gate_zero_note(res["retrieval"], record)
     passed = None
     if min_top1 is not None:
         passed = res["top1"] >= min_top1

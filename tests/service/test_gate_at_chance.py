@@ -77,6 +77,15 @@ def test_a_query_side_map_evaluated_corpus_side_is_not_passed(task, capsys):
     code, out, err = _eval(capsys, d, *common, "--min-retention", "0")
     assert code == 0 and "PASS: labelled R@10 retention" in out, (out, err)
     assert "a gate of 0 passes any retention; this one says nothing of the map: the native R@10" in out, out
+    # one statement (review, session 53): not also "decides no gate" before the PASS, nor "the gate lies inside the
+    # interval: these queries cannot decide it" after it, nor the above-1 note on a retention at chance (2.0 here)
+    assert "decides no gate" not in out and "lies inside the interval" not in out, out
+    assert "above 1" not in err and "says nothing of the map" not in err, err
+    res = json.loads(_eval(capsys, d, *common, "--min-retention", "0", "--json")[1])
+    r = res["retrieval"]
+    assert r["gate_within_interval"] is False, r
+    assert [n for n in res["notes"] if "gate of 0" in n] == [next(ln.strip() for ln in out.splitlines()
+                                                                  if "gate of 0" in ln)], (res["notes"], out)
     code, out, err = _eval(capsys, d, *common, "--side", "source", "--min-retention", "0.6", "--json")
     res = json.loads(out)
     assert code in (0, 1) and res["retrieval"]["labelled"]["undecided"] is None, err   # the side it serves: judged
@@ -91,6 +100,13 @@ def test_query_files_the_wrong_way_round_are_not_passed(task, capsys):
     assert code == 2 and "no better than a random ranking" in err and "PASS" not in out, (out, err)
     code, out, err = _eval(capsys, d, *common, "--queries", d / "q_new.npy", "--old-queries", d / "q_old.npy")
     assert code in (0, 1) and ("PASS: labelled" in out or "FAIL: labelled" in out), err
+    code, out, err = _eval(capsys, d, *common[:-1], "0", "--queries", d / "q_old.npy", "--old-queries",
+                           d / "q_new.npy", "--json")
+    res = json.loads(out)  # review, session 53: a retention of 1.5 at chance read "above 1: the migrated index ..."
+    assert code == 0 and res["retrieval"]["retention"] > 1 and res["retrieval"]["labelled"]["undecided"], res
+    assert not any("above 1" in n for n in res["notes"]) and len(res["notes"]) == 1, res["notes"]
+    iv = res["retrieval"]["retention_interval"]  # 0 lies inside it, yet a gate of 0 is decided: not "within"
+    assert iv[0] <= 0 and res["retrieval"]["gate_within_interval"] is False, iv
 
 
 @pytest.mark.parametrize("rows", ["0:12", "0:20"])
@@ -110,6 +126,12 @@ def test_a_proxy_gate_on_too_few_pairs_for_its_top_10_is_not_passed(task, capsys
     code, out, err = _eval(capsys, d, "--map", "e5-minilm", "--source", d / "old_docs.npy", "--target",
                            d / "new_docs.npy", "--rows", rows)
     assert code == 0 and "this nn_retention@10 passes no gate (a gate above it fails): it kept" in out, out
+    # a gate of 0 passes it, said once (review, session 53: "passes no gate", then PASS, then the reason again)
+    code, out, err = _eval(capsys, d, "--map", "e5-minilm", "--source", d / "old_docs.npy", "--target",
+                           d / "new_docs.npy", "--rows", rows, "--min-retention", "0")
+    assert code == 0 and "PASS: nn_retention@10" in out and "passes no gate" not in out, out
+    assert out.count("it kept") == 1 and "a gate of 0 passes any retention; this one says nothing of the map: it " \
+        "kept" in out, out
 
 
 def test_a_proxy_gate_on_enough_pairs_is_judged(task, capsys):
@@ -142,6 +164,15 @@ def test_http_evaluate_refuses_a_gate_at_chance_as_it_refuses_an_undefined_one(t
         r = c.post("/v1/maps/e5-minilm/evaluate", json={**body, "min_retention": 0})   # as the CLI: a gate of 0
         res = r.json()
         assert r.status_code == 200 and res["result"] == "PASS" and res["retrieval"]["labelled"]["undecided"], r.text
+        assert not res["retrieval"]["gate_within_interval"] and not any("above 1" in n for n in res["notes"]), r.text
+        assert any(n.startswith("a gate of 0 passes any retention; this one says nothing of the map: the native")
+                   for n in res["notes"]), res["notes"]
+        r = c.post("/v1/maps/e5-minilm/evaluate", json={"source": b64(old_docs[:20]), "target": b64(new_docs[:20]),
+                                                         "min_retention": 0})
+        res = r.json()
+        assert r.status_code == 200 and res["result"] == "PASS" and res["retrieval"]["proxy"]["undecided"], r.text
+        assert any(n.startswith("a gate of 0 passes any retention; this one says nothing of the map: it kept")
+                   for n in res["notes"]), res["notes"]
         r = c.post("/v1/maps/e5-minilm/evaluate", json={"source": b64(old_docs[:12]), "target": b64(new_docs[:12]),
                                                          "min_retention": 0.6})
         assert r.status_code == 422 and "a random map keeps as many" in r.json()["error"]["message"], r.text
