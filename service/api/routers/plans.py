@@ -109,8 +109,8 @@ is `undecided` (native R@10 no better than chance, or fewer than 5 native hits),
 that a random map reaches at least 1 % of the time: at least 15 pairs for a perfect map; `retrieval.proxy` says so
 without a gate too, with `chance_p` and `undecided` as `labelled` has them; a gate of 0, which no figure fails,
 passes any defined one: 200 `PASS`, with a note when the figure is `undecided` that it says nothing of the map, and
-`gate_within_interval` false). A labelled retention at chance has no above-1 note. A labelled retention above 1 passes as 1 would, with a note why. Each
-vector set is `vectors` or `vectors_b64` + `dim`. Above `max_queries` held-out pairs (default
+`gate_within_interval` false). A labelled retention above 1 passes as 1 would, with a note why (none when it is
+at chance). Each vector set is `vectors` or `vectors_b64` + `dim`. Above `max_queries` held-out pairs (default
 {EVAL_MAX_QUERIES:,}) the pair figures rank a sample of that many (drawn with `random_state`) against all of
 them: `n_queries` says how many, `intervals` (here and in `retrieval`) the 95 % interval of each share.
 """
