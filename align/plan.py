@@ -275,6 +275,15 @@ def _inconsistent_labelled(curve: dict, native: dict, over: dict, n_queries: int
             "labelled": {"consistent": False, "n_queries": n_queries, "curve": curve, "native": native}}
 
 
+def _child(rng: np.random.Generator) -> np.random.Generator:
+    """An independent generator from ``rng`` that leaves ``rng``'s own draws as they were (a bit generator without
+    a seed sequence to spawn from gives its next draw as the seed)."""
+    try:
+        return rng.spawn(1)[0]
+    except TypeError:
+        return np.random.default_rng(int(rng.integers(2**63)))
+
+
 def _check_plan_options(target_retention, target_ks, repeats, distractors) -> tuple[int, ...]:
     """The plan's numeric options, checked (typed errors instead of a NaN forecast or a bare ``max()`` error);
     returns ``target_ks`` as a sorted tuple of distinct ints."""
@@ -364,7 +373,7 @@ def plan_migration(X_old, probe_src, probe_tgt, *, random_state=0, target_retent
        proxy's forecast and recommendation), with their ``labelled`` curve and ``native`` R@10 and a note why.
 
     Returns a JSON-safe dict: ``alignability`` (beyond chance), ``unsupervised_feasible``, ``knn_overlap`` (raw),
-    ``probe_unpaired_share`` (:func:`align.plan_checks.unpaired_share`, None below 200 pairs; a note from 15 %),
+    ``probe_unpaired_share`` (:func:`align.plan_checks.unpaired_share`, None below 200 pairs; a note from 20 %),
     ``curve`` (per K and method the mean and spread), ``fits`` (per method its curve, :func:`forecast`'s input;
     ``fit``: the one of ``best_method``, the best at the largest probe K), ``predicted`` (per target K: method,
     retention, low, high, extrapolated; with labelled queries also ``r10``, the migrated index's predicted R@10 of
@@ -428,7 +437,9 @@ def plan_migration(X_old, probe_src, probe_tgt, *, random_state=0, target_retent
         val, pool = lab.split(rng, p)
         rows = slice(None)  # the whole corpus: a view, not a copy
     P = _Problem(A, B, Xo, None)
-    unpaired = unpaired_share(lambda idx: _ridge(P, idx, 1e-2), A, B) if p >= UNPAIRED_MIN_PROBE else None
+    # its splits from a child of rng (spawned, not drawn: every other draw of the plan is as it was)
+    unpaired = (unpaired_share(lambda idx: _ridge(P, idx, 1e-2), A, B, random_state=_child(rng))
+                if p >= UNPAIRED_MIN_PROBE else None)
     T_val = unit_rows(B[val])
     extra = unit_rows(Xo[rows])
     S_dup, I_dup = knn(extra, unit_rows(A), 1)  # the probe's own texts inside the corpus are not distractors

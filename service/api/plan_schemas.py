@@ -69,8 +69,8 @@ class PlanResponse(_Open):
     n_probe_repeated: int
     n_probe_holdout: int
     probe_unpaired_share: float | None = Field(None, description="Estimated share of the probe's pairs that are not "
-                                               "one text (a map fitted on half the probe ranks their partner as it "
-                                               "would a random row); from 200 pairs, a note from 0.15.")
+                                               "one text (maps fitted on the rest of the probe rank their partner "
+                                               "as they would a random row); from 200 pairs, a note from 0.2.")
     metric: str = Field(..., description="What the curve and the forecast are of.")
     curve: dict[str, list[CurvePoint]] = Field(..., description="Per method, the simulated retention per K.")
     best_method: str

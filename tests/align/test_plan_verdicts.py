@@ -136,3 +136,26 @@ def test_a_probe_half_out_of_step_is_planned_with_a_note_that_estimates_the_unpa
     # under 200 pairs it is not estimated (maps of 25-100 pairs rank real partners low too): no share, no note
     small = align.plan_migration(S[:3000], S[3000:3190], T[3000:3190], select_rows=False)
     assert small["probe_unpaired_share"] is None and not any("look unpaired" in n for n in small["notes"])
+
+
+def test_a_clean_probe_into_a_weak_space_gets_no_unpaired_note_in_any_row_order(wordnet):
+    """Review, session 53: the share was read from maps fitted on the fixed even (odd) rows, 100 pairs of a 200-pair
+    probe: clean minilm->glove probes (glove: 50-d bags of words, a weak map) read 10-21 % by row order alone, and 8 of
+    100 random ones got the "look unpaired" note (15 %). The estimate now averages maps of 4/5 of the pairs over
+    three random splits (the plan's random_state): this probe, 21 % and 18 % in two of its orders before, reads
+    11-15 % in 30 orders, under the note's 20 %; the same probe half shuffled is still noted."""
+    if "glove" not in wordnet or wordnet["glove"].shape[0] < 40960:
+        pytest.skip("needs the shared WordNet set's glove rows")
+    S, T = (wordnet[m].astype(np.float32) for m in ("minilm", "glove"))
+    idx = np.random.default_rng(67).choice(np.arange(3000, 40960), 200, replace=False)
+    for order in (idx, idx[np.random.default_rng(3).permutation(200)]):  # even/odd halves read 0.21, 0.18 here
+        res = align.plan_migration(S[:3000], S[order], T[order], target_ks=(100, 300), select_rows=False)
+        assert res["probe_unpaired_share"] < 0.17, res["probe_unpaired_share"]
+        assert not any("look unpaired" in n for n in res["notes"]), res["notes"]
+    rng = np.random.default_rng(1)
+    bad = rng.choice(200, 100, replace=False)
+    half = T[idx].copy()
+    half[bad] = half[rng.permutation(bad)]
+    res = align.plan_migration(S[:3000], S[idx], half, target_ks=(100, 300), select_rows=False)
+    assert res["probe_unpaired_share"] > 0.35 and any("pairs look unpaired" in n for n in res["notes"]), res
+

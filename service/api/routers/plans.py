@@ -58,7 +58,7 @@ says when keeping the old model is predicted to do as well. When their measured 
 estimate is too low, or the map beats the new model) the plan is the one without them, with their `labelled` curve
 and `native` R@10 and a note why.
 `probe_unpaired_share` estimates the share of probe pairs that are not one text (from 200 pairs; a probe partly out
-of step passes the check below, and from 0.15 a note says its forecast is of the damaged probe).
+of step passes the check below, and from 0.2 a note says its forecast is of the damaged probe).
 Refused (422) rather than planned: a probe whose pairs look unpaired (its kNN@10 overlap at chance, e.g. one side's
 rows shuffled), one too small for its learning curve to find anything (under one held-out hit per fit; the message
 says how many pairs would do), and labelled queries none of which finds its `relevant` probe row with one of the
