@@ -283,18 +283,32 @@ def test_a_running_fit_reports_how_long_its_stage_has_run_and_when_it_ends(serve
         if job["state"] != "running":
             break
         seen.append({**p, "run_seconds": job["timings"]["run_seconds"]})
-        if sum(1 for q in seen if q["stage"] == p["stage"] and 0.01 <= q["fraction"] < 1) >= 3:
-            break  # three looks inside one stage
+        if sum(1 for q in seen if q["stage"] == p["stage"] and 0.01 <= q["fraction"] < 1
+               and q["stage_eta_seconds"] is not None) >= 3:
+            break  # three looks with an ETA inside one stage
         time.sleep(0.1)
     c.delete(f"/v1/jobs/{jid}")
-    inside = [q for q in seen if q["stage"] == seen[-1]["stage"] and 0.01 <= q["fraction"] < 1]
+    stage = [q for q in seen if q["stage"] == seen[-1]["stage"] and 0.01 <= q["fraction"] < 1]
+    # no ETA until 1 % of the stage is done since its clock started; after the first look with one, every look has one
+    with_eta = [q["stage_eta_seconds"] is not None for q in stage]
+    assert True in with_eta and all(with_eta[with_eta.index(True):]), stage
+    inside = [q for q in stage if q["stage_eta_seconds"] is not None]
     assert len(inside) >= 3, seen
+    # the ETA is e (1 - f) / (f - f0): f0 the fraction the stage stood at when its clock started (its first report,
+    # not always 0; a resumed migration's checkpoint). f0 is not in the record, so read it back from each look: one
+    # stage, one rate, so every look gives the same f0, within what the rounding (elapsed and ETA to 1 ms, fraction
+    # to 1e-4) carries through the formula, and f0 lies in [0, the least fraction seen]
+    starts = []
     for q in inside:
-        f, e = q["fraction"], q["stage_elapsed_seconds"]
-        # both come rounded (elapsed to 1 ms, fraction to 1e-4): early in a stage (e = 0.013 s at f = 0.01) that
-        # alone moves e (1 - f) / f by 4 %, so the tolerance carries the rounding through the formula
-        rounding = 0.0005 * (1 - f) / f + (e + 0.0005) * 0.00005 / f**2 + 0.0005
-        assert q["stage_eta_seconds"] == pytest.approx(e * (1 - f) / f, rel=0.01, abs=rounding + 0.01), q
+        f, e, eta = q["fraction"], q["stage_elapsed_seconds"], q["stage_eta_seconds"]
+        assert eta is not None and eta > 0, q
+        f0 = f - e * (1 - f) / eta
+        slack = 0.0001 + (f - f0) * (0.0005 / max(e, 0.001) + 0.0005 / max(eta, 0.001)) + 0.001
+        starts.append((f0, slack))
+    first = starts[0][0]
+    assert -starts[0][1] <= first <= min(q["fraction"] for q in inside) + starts[0][1], (starts, inside)
+    for f0, slack in starts[1:]:
+        assert f0 == pytest.approx(first, abs=slack + starts[0][1]), (starts, inside)
     assert [q["stage_elapsed_seconds"] for q in inside] == sorted(q["stage_elapsed_seconds"] for q in inside)
     assert all(q["stage_elapsed_seconds"] < q["run_seconds"] - 0.2 for q in inside), inside  # not the run's seconds
     done = c.get(f"/v1/jobs/{jid}").json()
