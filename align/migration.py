@@ -36,8 +36,8 @@ the target mean back:
 ``semi_supervised="sinkhorn"`` then refines an orthogonal map with the unpaired rows
 (:func:`align.semisup.sinkhorn_refine_map`; needs both unpaired sets): procrustes only; a chosen affine
 family is left as fitted, ``metadata["semi_supervised"]["applied"]`` False with its ``why``. ``auto`` then leaves
-``cluster`` out of its candidates (``selection["not_tried"]`` and ``note`` say so); ``candidates=["cluster"]`` is an
-InputError.
+``cluster`` out of its candidates (``selection["not_tried"]`` says so, and ``note`` where ``candidates`` were
+given); ``candidates=["cluster"]`` is an InputError.
 
 - ``"cluster"``: per-cluster local maps (:mod:`align.cluster`): k-means routing on the framed
   source rows (pairs + unpaired, ``random_state``), one affine map per cluster fitted as a ridge
@@ -369,6 +369,11 @@ def _select_cluster(P: _Problem, tr, val, ridge: LinearMap, alpha: float, opts: 
     return {**scores, **{k: v for k, v in setting.items() if k != "alpha"}}, setting
 
 
+#: what the Sinkhorn refinement does to each family, as the refusals say it (align.semisup.sinkhorn_refine_map)
+_SEMI_REFINES = ("semi_supervised refines an orthogonal Procrustes map only: a ridge, lowrank or contrastive map auto "
+                 "chooses is left as fitted (the fit says so), and auto tries no cluster map with it;")
+
+
 def check_options(method: str, options: dict, n_pairs: int | None = None,
                   dims: tuple[int, int] | None = None) -> dict:
     """Every check :func:`fit_migration` makes before it reads a row: the method, unknown options, each option's
@@ -395,9 +400,9 @@ def check_options(method: str, options: dict, n_pairs: int | None = None,
     if options.get("semi_supervised") and method in ("cluster", "contrastive"):  # contrastive: never refined
         raise InputError(f"semi_supervised refinement needs an orthogonal map (procrustes); it cannot follow "
                          f"method={method!r}")
-    if options.get("semi_supervised") and method == "auto" and candidates == ("cluster",):  # procrustes was fitted
-        raise InputError("semi_supervised refinement needs a linear map (it refines procrustes), and candidates="
-                         "['cluster'] allow none: give candidates with procrustes, or drop semi_supervised")
+    if options.get("semi_supervised") and method == "auto" and set(candidates) == {"cluster"}:  # procrustes was fit
+        raise InputError(_SEMI_REFINES + " candidates=['cluster'] leave auto nothing to fit: give candidates with "
+                         "procrustes, or drop semi_supervised")
     _check_holdout(options.get("holdout", 0.2), options.get("max_holdout", 1000))
     if dims is not None and "rank" in options and options["rank"] > min(dims):
         raise InputError(f"rank must be in [1, {min(dims)}] (the narrower side is {min(dims)}-d), "
@@ -587,9 +592,13 @@ def fit_migration(X_src, Y_tgt, *, method: str = "auto", unpaired_source=None, u
         if not counts:  # auto: not even 2 clusters within max_cluster_mib
             candidates, budget = tuple(c for c in candidates if c != "cluster"), {**budget, "skipped": True}
     left_out: dict = {}
-    if options.get("semi_supervised") and "cluster" in candidates and method == "auto":  # it refines a linear map
+    if options.get("semi_supervised") and "cluster" in candidates and method == "auto":  # it refines procrustes
         candidates = tuple(c for c in candidates if c != "cluster")  # cluster alone: refused by check_options
-        left_out["cluster"] = "semi_supervised refines a linear map (procrustes): a cluster map cannot follow"
+        left_out["cluster"] = "semi_supervised refines an orthogonal Procrustes map only; a cluster map cannot be " \
+                              "refined"
+    if method == "auto" and not candidates:  # each family asked for was left out (check_options refuses these first)
+        why = left_out.get("cluster") or "not even 2 clusters fit max_cluster_mib"
+        raise InputError(f"auto has no candidate left to fit: candidates=['cluster'], and {why}")
     selection: dict = {}
     if method == "auto" or n >= 20:
         groups = pair_groups(X, Y)
@@ -611,7 +620,7 @@ def fit_migration(X_src, Y_tgt, *, method: str = "auto", unpaired_source=None, u
                      "candidates": {k: _candidate_record(v) for k, v in scores.items()},
                      **({"cluster_budget": budget} if budget and method in ("auto", "cluster") else {}),
                      **({"not_tried": left_out} if left_out else {})}
-        if left_out:  # said in the fit's notes: the candidates asked for are not all the ones fitted
+        if left_out and "candidates" in options:  # named ones not all fitted: a note (default auto: not_tried only)
             selection["note"] = "; ".join(f"{k} not tried: {v}" for k, v in left_out.items())
         if name == "cluster" and options.get("n_clusters", 0) > tr.size:  # the chosen map's count was capped: say so
             selection["note"] = (f"n_clusters={options['n_clusters']} capped at {tr.size}: the count is chosen on "

@@ -71,9 +71,10 @@ _SINKHORN = {"rounds": (1, 100, True, False), "eps": (0.0, 10.0, False, True), "
 
 
 def check_migration_options(options: dict) -> dict:
-    """``options`` with ``candidates`` as a tuple (a string is one name or a comma-separated list, as a CLI
-    ``--param candidates=ridge,cluster`` sends it); every other option is checked, not changed. The contrastive
-    ones and ``n_clusters`` / ``holdout`` / ``max_holdout`` keep their own checks next to their use."""
+    """``options`` with ``candidates`` as a tuple of distinct names in the order given (a string is one name or a
+    comma-separated list, as a CLI ``--param candidates=ridge,cluster`` sends it); every other option is checked,
+    not changed. The contrastive ones and ``n_clusters`` / ``holdout`` / ``max_holdout`` keep their own checks next to
+    their use."""
     out = dict(options)
     for key, (lo, hi, whole, lo_open) in _SCALARS.items():
         if key in out:
@@ -93,7 +94,8 @@ def check_migration_options(options: dict) -> dict:
             c = [s.strip() for s in c.split(",") if s.strip()]
         if not isinstance(c, (list, tuple)) or not all(isinstance(s, str) for s in c):
             raise InputError(f"candidates must be a list of method names, got {c!r}")
-        out["candidates"] = tuple(c)
+        out["candidates"] = tuple(dict.fromkeys(c))  # a name repeated is the family once (order kept): ["cluster",
+        # "cluster"] passed as more than cluster alone, and its refusals keyed on ("cluster",) let it through
     for key in ("contrastive", "sinkhorn"):
         if out.get(key) is not None and not isinstance(out[key], dict):
             raise InputError(f"{key} must be a dict of options, got {out[key]!r}")

@@ -728,3 +728,50 @@ def test_a_candidates_cosine_is_named_as_of_the_raw_output():
     assert abs(raw - centred) > 0.05, (raw, centred)
     got = sel["candidates"][sel["chosen"]]["cos_raw"]  # held-out pairs of a map of 80 % of them: near, not equal
     assert abs(got - raw) < abs(got - centred), (got, raw, centred)
+
+
+def test_a_candidate_named_twice_counts_once_and_cluster_twice_is_still_cluster_alone():
+    """`candidates=["cluster", "cluster"]` with `semi_supervised` slipped past the refusal of cluster alone (it
+    matched `("cluster",)` only) and crashed in selection ("max() arg is an empty sequence"), as did the same
+    candidates under a `max_cluster_mib` too small for 2 clusters: duplicates are removed, order kept."""
+    assert align.options.check_migration_options({"candidates": ["ridge", "cluster", "ridge"]})["candidates"] == (
+        "ridge", "cluster")
+    assert align.options.check_migration_options({"candidates": "cluster, cluster"})["candidates"] == ("cluster",)
+    X, Y, Us, Ut = _semi_data()
+    for cands in (["cluster", "cluster"], "cluster,cluster"):
+        with pytest.raises(InputError, match=r"candidates=\['cluster'\]"):
+            align.fit_migration(X, Y, method="auto", candidates=cands, semi_supervised="sinkhorn",
+                                unpaired_source=Us, unpaired_target=Ut)
+        with pytest.raises(InputError, match="semi_supervised refines an orthogonal Procrustes map"):
+            align.migration.check_options("auto", {"candidates": cands, "semi_supervised": "sinkhorn"})
+        with pytest.raises(InputError, match="max_cluster_mib"):  # not even 2 clusters: cluster alone, refused
+            align.fit_migration(X, Y, method="auto", candidates=cands, max_cluster_mib=0.0001)
+        with pytest.raises(InputError, match="max_cluster_mib"):  # and so when the service checks a request
+            align.migration.check_options("auto", {"candidates": cands, "max_cluster_mib": 0.0001}, n_pairs=200,
+                                          dims=(12, 12))
+    m = align.fit_migration(X, Y, method="auto", candidates=["procrustes", "cluster", "procrustes"],
+                            semi_supervised="sinkhorn", unpaired_source=Us, unpaired_target=Ut)
+    sel = m.metadata["selection"]
+    assert m.metadata["method"] == "procrustes" and list(sel["candidates"]) == ["procrustes"], sel
+    assert m.metadata["semi_supervised"]["applied"] is True
+
+
+def test_auto_with_every_candidate_left_out_is_an_input_error_not_an_empty_max(monkeypatch):
+    """The last guard, behind check_options' refusals: were cluster alone let through with semi_supervised, auto is
+    left no family to fit, and says so as an InputError (it was a ValueError from max() of nothing)."""
+    X, Y, Us, Ut = _semi_data()
+    monkeypatch.setattr(align.migration, "check_options",
+                        lambda method, options, **kw: align.options.check_migration_options(options))
+    with pytest.raises(InputError, match="auto has no candidate left to fit"):
+        align.fit_migration(X, Y, method="auto", candidates=["cluster"], semi_supervised="sinkhorn",
+                            unpaired_source=Us, unpaired_target=Ut)
+
+
+def test_default_auto_with_semi_supervised_records_cluster_not_tried_without_a_note():
+    """The note "cluster not tried" was on every default auto fit with semi_supervised (a job note each time); it is
+    for candidates the user named. ``selection["not_tried"]`` says it always."""
+    X, Y, Us, Ut = _semi_data()
+    m = align.fit_migration(X, Y, method="auto", semi_supervised="sinkhorn", unpaired_source=Us, unpaired_target=Ut)
+    sel = m.metadata["selection"]
+    assert "note" not in sel, sel
+    assert "Procrustes" in sel["not_tried"]["cluster"] and "cluster" not in sel["candidates"]
