@@ -360,11 +360,12 @@ def _headline(metrics: dict) -> dict:
     return dict(sorted(nums.items(), key=lambda kv: (not kv[0].startswith("heldout_"), kv[0].startswith("train_")))[:8])
 
 
-def _label(key: str, metrics: dict) -> str:
+def _label(key: str, metrics: dict, params=None) -> str:
     """A headline figure's label: train_cos is of the target's centred frame, beside which an auto fit's selection
     shows raw cosines (cos_raw; unlabelled, 0.73 beside 0.94 read as a contradiction); the raw one is named with it,
-    as eval does ("cos 0.6908 (centred; raw 0.9403)") and :mod:`service.figures` everywhere."""
-    return f"train_cos {train_cos_note(metrics, '.4g')}" if key == "train_cos" else key
+    as eval does ("cos 0.6908 (centred; raw 0.9403)") and :mod:`service.figures` everywhere (``params``: a
+    ``center=false`` fit's is of the raw frame, and says so)."""
+    return f"train_cos {train_cos_note(metrics, params)}" if key == "train_cos" else key
 
 
 # The report's one <style> block, the same in every report: the console, whose policy allows no inline style,
@@ -426,7 +427,9 @@ def render_report(*, title: str, summary: dict, metrics: dict, timings: dict, di
             else "criterion close to random maps")
         parts.append(f"<h2>UNRELIABLE fit: {html.escape(str(reason))}</h2><p><b>This version is kept for inspection "
                      f"but never chosen for a path; its map is probably wrong.</b></p>")
-    parts.append("<div>" + "".join(f"<span class='metric'>{html.escape(_label(k, metrics))}<b>{v:.4g}</b></span>"
+    params = summary.get("params")  # a center=false fit's train_cos is of the raw frame
+    parts.append("<div>" + "".join(f"<span class='metric'>{html.escape(_label(k, metrics, params))}<b>{v:.4g}</b>"
+                                   "</span>"
                                    for k, v in _headline(metrics).items()) + "</div>")
     sel = labelled_selection(metrics.get("selection"))  # a record before cos_raw: its raw `cos` under that name
     candidates = isinstance(sel, dict) and isinstance(sel.get("candidates"), dict)

@@ -219,7 +219,7 @@ def _ignored_options(method: str, ray_address: str | None, threads: int) -> list
 def _render_fit(reg, v, as_json: bool) -> None:
     d = version_record(reg, v)
     m = v.metrics
-    headline = ", ".join(f"{k}={m[k]:.4f}" + (f" {train_cos_note(m)}" if k == "train_cos" else "")
+    headline = ", ".join(f"{k}={m[k]:.4f}" + (f" {train_cos_note(m, v.params)}" if k == "train_cos" else "")
                          for k in ("train_top1", "train_cos", "criterion", "null_criterion", "mnn_frac", "mnn_mean_cos")
                          if isinstance(m.get(k), (int, float)) and not isinstance(m.get(k), bool))
     if m.get("reliable") is False:

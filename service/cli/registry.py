@@ -70,7 +70,7 @@ def registry_show(obj: Ctx, ref, as_json):
     keys = list(d)
     at = keys.index("metrics") + 1
     echo_record({k: d[k] for k in keys[:at]})
-    cos = train_cos_text(metrics)
+    cos = train_cos_text(metrics, d.get("params"))
     if cos:  # under the metrics it labels
         click.echo(f"{'train_cos':16} {cos} {TRAINING_PAIRS}")
     echo_record({k: d[k] for k in keys[at:]})

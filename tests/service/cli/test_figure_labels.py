@@ -111,17 +111,40 @@ def test_the_reports_selection_table_shows_the_raw_cosine_labelled_for_old_recor
                          timings={}, diagnostics=None, cosines={}, clouds=None, paired=True)
     section = html[html.index("Method selection"):]
     assert "<th>cos_raw</th>" in section and "<td>0.9346</td>" in section and "<th>cos</th>" not in section
-    assert "train_cos (centred; raw 0.75)<b>0.5</b>" in html
+    assert "train_cos (centred; raw 0.7500)<b>0.5</b>" in html  # four decimals, as the fit's line and registry show
 
 
-def test_auto_restricted_to_cluster_with_semi_supervised_is_refused_before_a_fit(capsys, data):
-    """It fitted procrustes and registered it as asked-for auto over cluster, without a word."""
+@pytest.mark.parametrize("cands", ['["cluster"]', '["cluster","cluster"]'])
+def test_auto_restricted_to_cluster_with_semi_supervised_is_refused_before_a_fit(capsys, data, cands):
+    """It fitted procrustes and registered it as asked-for auto over cluster, without a word; cluster named twice
+    was an internal error (exit 3, "max() arg is an empty sequence"). Both are a refusal, exit 2."""
     d, X, Y = data
     write_vectors(d / "us.npy", X[::-1].copy())
     write_vectors(d / "ut.npy", Y[::-1].copy())
     code, out, err = run(capsys, "--data-dir", d / "var", "fit", "--source", d / "x.npy", "--target", d / "y.npy",
-                         "--name", "x-y", "--quiet", "--method", "auto", "--param", 'candidates=["cluster"]',
+                         "--name", "x-y", "--quiet", "--method", "auto", "--param", f"candidates={cands}",
                          "--param", "semi_supervised=sinkhorn", "--unpaired-source", d / "us.npy",
                          "--unpaired-target", d / "ut.npy")
-    assert code != 0 and "candidates=['cluster']" in err and "semi_supervised" in err, (out, err)
-    assert "registered" not in out
+    assert code == 2 and "candidates=['cluster']" in err and "semi_supervised" in err, (code, out, err)
+    assert "registered" not in out and "internal error" not in err
+
+
+@pytest.mark.parametrize("method", ["procrustes", "ridge", "lowrank"])
+def test_a_fit_with_center_false_is_not_labelled_centred(capsys, data, method):
+    """With ``--param center=false`` nothing is centred: train_cos is the raw output's (train_cos_raw the same
+    figure), and the fit's line, registry show and the report said "(centred; raw X)" of it."""
+    d, _, _ = data
+    rank = ["--param", "rank=4"] if method == "lowrank" else []
+    line = _fit(capsys, d, "--method", method, "--param", "center=false", *rank)
+    code, out, _ = run(capsys, "--data-dir", d / "var", "registry", "show", "x-y", "--json")
+    v = json.loads(out)
+    assert v["params"]["center"] is False and v["metrics"]["train_cos"] == pytest.approx(v["metrics"]["train_cos_raw"],
+                                                                                           abs=1e-6)
+    want = f"train_cos={v['metrics']['train_cos']:.4f} (raw frame: fitted with center=false)"
+    assert want in line and "centred" not in line, line
+    shown = re.search(r"^train_cos +(.*)$", _show(capsys, d), re.M).group(1)
+    assert shown.startswith(f"{v['metrics']['train_cos']:.4f} (raw frame: fitted with center=false)"), shown
+    report = (d / "var" / "reports" / v["report_path"]).read_text()
+    assert "train_cos (raw frame: fitted with center=false)<b>" in report and "train_cos (centred" not in report
+    _fit(capsys, d, "--method", method, *rank)  # the default centres, and says so
+    assert "(centred; raw " in re.search(r"^train_cos +(.*)$", _show(capsys, d), re.M).group(1)
