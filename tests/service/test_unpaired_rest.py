@@ -139,6 +139,38 @@ def test_http_auto_over_cluster_alone_with_semi_supervised_is_refused_and_cluste
     assert any(n.startswith("cluster not tried: semi_supervised") for n in job["result"]["notes"]), job
 
 
+@pytest.mark.parametrize("params, message", [
+    ({"semi_supervised": "sinkhorn", "candidates": ["cluster", "cluster"]}, "candidates=['cluster']"),
+    ({"semi_supervised": "sinkhorn", "candidates": "cluster,cluster"}, "candidates=['cluster']"),
+    ({"candidates": ["cluster", "cluster"], "max_cluster_mib": 0.0001}, "max_cluster_mib"),
+])
+def test_http_cluster_named_twice_is_cluster_alone_refused_before_a_job(tmp_path, params, message):
+    """`["cluster", "cluster"]` with semi_supervised (or a budget too small for 2 clusters) was queued and failed as
+    "internal error: ValueError: max() arg is an empty sequence"; it is the 422 of cluster alone, and no job."""
+    body = {"name": "old->new", "source_space": "old", "target_space": "new", "method": "auto", "random_state": 3,
+            "paired": True, "source": _b64(X[PAIRS]), "target": _b64(Y[PAIRS]), "unpaired_source": _b64(X[200:]),
+            "unpaired_target": _b64(Y[200:]), "params": params}
+    with TestClient(create_app(settings_for(tmp_path, max_body_bytes=4_000_000))) as c:
+        r = c.post("/v1/fits", headers=W, json=body)
+        assert r.status_code == 422 and message in r.json()["error"]["message"], r.text
+        assert c.get("/v1/jobs", headers=W).json()["data"] == []
+
+
+def test_http_default_auto_with_semi_supervised_has_no_cluster_note(tmp_path):
+    """Every default auto fit with semi_supervised carried the job note "cluster not tried": it is for candidates
+    named; the version's selection.not_tried records it always."""
+    body = {"name": "old->new", "source_space": "old", "target_space": "new", "method": "auto", "random_state": 3,
+            "paired": True, "source": _b64(X[PAIRS]), "target": _b64(Y[PAIRS]), "unpaired_source": _b64(X[200:]),
+            "unpaired_target": _b64(Y[200:]), "params": {"semi_supervised": "sinkhorn"}}
+    with TestClient(create_app(settings_for(tmp_path, max_body_bytes=4_000_000))) as c:
+        r = c.post("/v1/fits", headers=W, json=body)
+        assert r.status_code == 202, r.text
+        job = wait_http_job(c, r.json()["id"], headers=W)
+    assert job["state"] == "succeeded", job
+    assert not any("cluster not tried" in n for n in job["result"]["notes"]), job["result"]["notes"]
+    assert "cluster" in job["result"]["version"]["metrics"]["selection"]["not_tried"]
+
+
 @pytest.mark.parametrize("args, method, message", [
     (["--unpaired-source", "{d}/old.npy"], "procrustes", "apply to --method auto, contrastive, cluster"),
     (["--unpaired-target", "{d}/new.npy"], "minivec2vec", "minivec2vec fits from two unpaired sets already"),
