@@ -114,8 +114,10 @@ const VB = {
   pct(x) { return typeof x === "number" ? (100 * x).toFixed(0) + " %" : "–"; },
 
   /* train_cos as the fit's own line, its report and `registry show` label it (service/figures.py): of the target's
-     centred frame, the raw output's figure beside it where the version recorded one (older versions: not). */
-  trainCosLabel(m) {
+     centred frame, the raw output's figure beside it where the version recorded one (older versions: not); a fit
+     with params center=false centres nothing, its train_cos is of the raw frame. */
+  trainCosLabel(m, params) {
+    if (params && params.center === false) return "train_cos (raw frame: fitted with center=false)";
     const raw = m && m.train_cos_raw;
     return "train_cos " + (typeof raw === "number" && isFinite(raw) ? `(centred; raw ${raw.toFixed(4)})` : "(centred)");
   },
@@ -384,8 +386,11 @@ function registryPage() {
       const folded = typeof m.train_cos === "number";  // train_cos_raw is shown in train_cos's label
       return Object.entries(m).filter(([, x]) => typeof x === "number" || typeof x === "boolean")
         .filter(([name]) => !(folded && name === "train_cos_raw"))
-        .map(([name, value]) => ({ name: name === "train_cos" ? VB.trainCosLabel(m) : name, value }));
+        .map(([name, value]) => ({ name: name === "train_cos" ? VB.trainCosLabel(m, v.params) : name, value }));
     },
+    /* Whether the metrics table has training-pair rows (train_*), which its caption is about: unpaired fits have
+       none. */
+    hasTrainRows(v) { return this.metricRows(v).some(r => r.name.startsWith("train_")); },
     lineageSpaces(v) { return `${v.source_space} (${v.source_dim}-d) → ${v.target_space} (${v.target_dim}-d)`; },
     hashesOf(v) {
       return Object.entries(v.data_hashes || {}).map(([k, h]) => k + " " + String(h).slice(0, 12)).join(", ");

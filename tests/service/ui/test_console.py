@@ -861,3 +861,46 @@ def test_the_registry_labels_train_cos_and_the_candidates_raw_cosine_for_new_and
             assert ("(the best held-out score of 2 candidates)" in summary) == (name == "new"), summary
             t.shot(f"registry-labels-{name}")
         t.close()
+
+
+def test_the_registry_labels_a_center_false_fit_raw_and_captions_train_rows_only_where_they_are(browser, tmp_path):
+    """A fit with params center=false centres nothing: its train_cos is the raw output's, and the console labelled it
+    "(centred; raw X)". The caption about train_* figures showed on versions that have none (unpaired fits)."""
+    import sqlite3
+
+    from service.api import create_app
+
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((300, 16)).astype(np.float32)
+    Y = (X @ rng.standard_normal((16, 12)) + 4.0).astype(np.float32)
+    settings = settings_for(tmp_path)
+    with serve_in_thread(create_app(settings)) as base, httpx.Client(base_url=base, timeout=60.0) as c:
+        for name, params in (("raw", {"center": False}), ("bare", {})):
+            r = c.post("/v1/fits", headers=W, json={"name": name, "source_space": "a", "target_space": "b",
+                                                    "method": "procrustes", "params": params,
+                                                    "source": _b64(X), "target": _b64(Y)})
+            assert r.status_code == 202 and _wait_job(c, r.json()["id"])["state"] == "succeeded", r.text
+        v = c.get("/v1/maps/raw/versions/1", headers=W).json()
+    assert v["params"]["center"] is False, v["params"]
+    with sqlite3.connect(settings.data_dir / "registry.sqlite") as db:  # "bare": as a fit with no training pairs
+        m = json.loads(db.execute("SELECT metrics FROM versions WHERE name = 'bare'").fetchone()[0])
+        m = {k: x for k, x in m.items() if not k.startswith("train_")}
+        db.execute("UPDATE versions SET metrics = ? WHERE name = 'bare'", (json.dumps(m),))
+    with serve_in_thread(create_app(settings)) as base:
+        t = Page.open(browser, base, "/ui/registry", READ_KEY)
+        t.page.get_by_role("button", name="raw", exact=True).click()
+        table = t.page.locator("#metrics")
+        label = "train_cos (raw frame: fitted with center=false)"
+        table.locator("th", has_text=label).first.wait_for()
+        names = table.locator("tbody th").all_inner_texts()
+        assert label in names and not any("centred" in n for n in names), names
+        assert table.locator("caption").is_visible()
+        t.page.get_by_role("button", name="bare", exact=True).click()
+        table.locator("th", has_text="heldout_top1").first.wait_for()
+        t.page.wait_for_function("() => !document.querySelector('#metrics th[scope=row]')"
+                                 ".parentElement.parentElement.innerText.includes('train_')")
+        names = table.locator("tbody th").all_inner_texts()
+        assert not any(n.startswith("train_") for n in names), names
+        assert not table.locator("caption").is_visible()
+        t.shot("registry-center-false")
+        t.close()
