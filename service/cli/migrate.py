@@ -21,7 +21,7 @@ from ..vectordb import MigrationInterrupted
 from ..vectordb.lost import quiet_client_logs
 from . import check_stop
 from ._common import (ROWS, Ctx, FiniteRange, emit, json_opt, progress_bar, quiet_opt, random_state_opt,
-                      stderr_is_terminal, store_opts, warn)
+                      registry_exists, stderr_is_terminal, store_opts, warn)
 
 __all__ = ["migrate", "verify"]
 
@@ -241,12 +241,14 @@ def verify(obj: Ctx, store, text_field, vector_field, id_field, collection, enco
                          "--source alone checks rows, not recall")
     store = obj.store_url(store)
     quiet_client_logs(store)
-    # the registry: a map's, and the space's encoder an --encoder must be (another model's texts never match)
+    # the registry: a map's, and the space's encoder an --encoder must be (another model's texts never match): read
+    # only when the collection records a space and there is a registry (a re-embed check never needed one)
     progress, close = progress_bar(quiet=quiet, as_json=as_json)
     try:
         out = run_verify(store_url=store, **obj.store_auth(), collection=collection, encoder=encoder,
                          heldout=heldout, heldout_rows=heldout_rows, map_ref=map_ref,
-                         registry=obj.registry if encoder or (map_ref and needs_registry(map_ref)) else None,
+                         registry=obj.registry if map_ref and needs_registry(map_ref) else None,
+                         spaces=(lambda: obj.registry) if encoder and registry_exists(obj.settings) else None,
                          n_sample=n_sample, n_queries=n_queries, k=k, random_state=random_state, id_field=id_field,
                          vector_field=vector_field, text_field=text_field, source=source, source_space=source_space,
                          keep_ids=keep_ids, keep_vectors=keep_vectors, progress=progress)

@@ -27,9 +27,16 @@ def check_encoder_space(registry, collection: str, recorded: str | None, encoder
     """InputError (422, exit 2) when ``collection`` records a space (``recorded``) whose registered encoder is not
     ``encoder``: its texts re-embedded by another model are compared with vectors they can never match, and the
     check said FAIL, blaming the migration (cosine 0.003). Nothing is known (no record, no registry, a space the
-    registry lacks, one with no encoder): the check runs as asked."""
+    registry lacks, one with no encoder): the check runs as asked. ``registry`` may be a callable that opens it,
+    called only when ``collection`` records a space (the CLI's: a re-embed check never needed a registry, and a
+    data dir without one was refused, exit 2). A registry that cannot be read (its database down) is its error
+    (RegistryUnavailableError: 503, exit 75), not a skipped check."""
     if not recorded or registry is None:
         return
+    if callable(registry):
+        registry = registry()
+        if registry is None:
+            return
     try:
         registered = registry.get_space(recorded).encoder
     except NotFoundError:
@@ -63,7 +70,7 @@ def run_verify(*, store_url: str, collection: str, encoder: str | None = None, h
                random_state: int = 0, id_field: str | None = None, vector_field: str | None = None,
                text_field: str | None = None, source: str | None = None, api_key: str | None = None,
                ca_file=None, source_space: str | None = None, space_option: str = "--source-space", keep_ids=None,
-               keep_vectors=None, progress: Callable[[str, float], None] | None = None,
+               keep_vectors=None, spaces=None, progress: Callable[[str, float], None] | None = None,
                cancelled: Callable[[], bool] | None = None) -> dict:
     """Verify a migrated collection: re-embed its stored texts with ``encoder``, or compare a held-out
     paired sample ``heldout = (old-model vectors path, new-model vectors path)`` (rows ``heldout_rows``,
@@ -73,7 +80,8 @@ def run_verify(*, store_url: str, collection: str, encoder: str | None = None, h
     ``space_option``: how the face declares ``source_space``, for the messages). ``keep_ids`` / ``keep_vectors``
     (with ``source``; files or arrays, as :func:`run_migration` takes them): the rows that migration kept as
     re-embedded, checked against their given vectors instead of the map's. ``registry``: also where the space the
-    collection records names its encoder (:func:`check_encoder_space`: another ``encoder`` is refused).
+    collection records names its encoder (:func:`check_encoder_space`: another ``encoder`` is refused), unless
+    ``spaces`` gives that one (a registry, or a callable opening it only when the collection records a space).
     ``progress`` / ``cancelled``: see the module docs."""
     from ..vectordb import check_rows, verify_migration
 
@@ -112,7 +120,8 @@ def run_verify(*, store_url: str, collection: str, encoder: str | None = None, h
         with lost_as_unavailable(store, "run the same command again"):
             out = {"mode": "rows"}
             if embed is not None:
-                check_encoder_space(registry, collection, store.get_space(collection), encoder)
+                check_encoder_space(registry if spaces is None else spaces, collection, store.get_space(collection),
+                                    encoder)
             if embed is not None or X_Y is not None:
                 out = verify_migration(store, collection, embed=embed, heldout=X_Y, map_=map_ref, registry=registry,
                                        n_sample=n_sample, n_queries=n_queries, db_queries=n_queries, k=k,

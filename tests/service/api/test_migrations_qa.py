@@ -192,3 +192,31 @@ def test_an_http_stale_checkpoint_refusal_gives_http_words(tmp_path):
         with pytest.raises(CheckpointMismatchError) as e:
             run_migration(store_url=url, source="src", target="dst", map_ref=m, checkpoint=ck, space_option=option)
         assert word in str(e.value) and (option.startswith("--") or "--checkpoint" not in str(e.value)), str(e.value)
+
+def test_a_registry_outage_while_the_encoder_is_checked_is_a_503(tmp_path, monkeypatch):
+    """The space check reads the registry: its database down is the usual 503 (Retry-After), neither a skipped
+    check nor a failed one (nothing catches it as "space unknown")."""
+    pytest.importorskip("qdrant_client")
+    from _servers import seed_registry
+
+    from service.api import create_app
+    from service.registry import RegistryUnavailableError
+    from service.vectordb import open_store
+
+    url = f"qdrant://{tmp_path / 'qd'}"
+    with open_store(url) as s:
+        s.create("c", 384)
+        s.set_space("c", "a")
+        s.upsert("c", np.arange(4), _pairs(n=4, d=384)[0], [f"t{i}" for i in range(4)])
+    seed_registry(tmp_path / "data")
+    with TestClient(create_app(settings_for(tmp_path, vectordb_url=url))) as c:
+        state = c.app.state.vb
+
+        def down(name):
+            raise RegistryUnavailableError("cannot connect to PostgreSQL registry: connection refused")
+
+        monkeypatch.setattr(state.registry, "get_space", down)
+        r = c.post("/v1/verifications", json={"collection": "c", "encoder": "all-MiniLM-L6-v2"}, headers=W)
+        jobs = c.get("/v1/jobs", headers=W).json()
+    assert r.status_code == 503 and r.json()["error"]["type"] == "RegistryUnavailableError", r.text
+    assert "Retry-After" in r.headers and not jobs.get("jobs", jobs.get("items")), jobs

@@ -540,3 +540,44 @@ def test_a_run_on_another_host_is_named_not_judged_in_one_plain_clause(world, vb
     assert st["state"] == "running" and st["why"] == "process 4242 on host replica-2.invalid, not checked from here"
     line = vb(world["data"], *common, "--status").stdout
     assert "not finished, running (process 4242 on host replica-2.invalid, not checked from here)" in line, line
+
+
+def _closed_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_a_reembed_verify_needs_no_registry_unless_the_collection_records_a_space(vb, tmp_path):
+    """``verify --encoder`` opened the registry before reading the collection: a data dir without one exited 2 ("no
+    registry at ..."), a PostgreSQL registry down 75, where the check never needed one. It reads the registry only
+    when the collection records a space (to name that space's encoder), and only when there is a registry."""
+    from service.encoders import get_encoder
+    from service.registry import open_registry
+    from service.vectordb import QdrantStore
+
+    texts = [f"a note about topic number {i}" for i in range(12)]
+    s = QdrantStore(path=str(tmp_path / "qd"))
+    s.create("plain", 384)
+    s.upsert("plain", np.arange(12), get_encoder("all-MiniLM-L6-v2").encode(texts, kind="passage"), texts)
+    s.close()
+    none, down = tmp_path / "none", f"postgresql://vb@127.0.0.1:{_closed_port()}/vb"
+    args = ["verify", "--store", f"qdrant://{tmp_path / 'qd'}", "--collection", "plain", "--encoder",
+            "all-MiniLM-L6-v2", "--min-recall", "0.9", "--quiet"]
+    for p in (vb(none, *args), vb(none, "--registry-url", down, *args)):
+        assert p.returncode == 0 and "PASS" in p.stdout and "registry" not in p.stderr, (p.stdout, p.stderr)
+    assert not none.exists()  # nothing made where no registry was
+    s = QdrantStore(path=str(tmp_path / "qd"))
+    s.set_space("plain", "e5")
+    s.close()
+    p = vb(none, *args)  # a space recorded but no registry to name its encoder: checked as asked
+    assert p.returncode == 0 and "PASS" in p.stdout, (p.stdout, p.stderr)
+    p = vb(none, "--registry-url", down, *args)  # a registry there but down: retry later, as any registry outage
+    assert p.returncode == 75 and "cannot connect to PostgreSQL registry" in p.stderr, p.stderr
+    reg = open_registry(f"sqlite:///{tmp_path / 'var' / 'registry.sqlite'}", tmp_path / "var" / "artifacts")
+    reg.register_space("e5", 384, encoder="multilingual-e5-small")
+    reg.close()
+    p = vb(tmp_path / "var", *args)  # a registry naming the space's encoder: another one is still refused
+    assert p.returncode == 2 and "records space 'e5', embedded by 'multilingual-e5-small'" in p.stderr, p.stderr
