@@ -70,8 +70,9 @@ def check_rows(store: VectorStore, source: str, target: str, map_, *, registry=N
     vectors, checked as :func:`~service.vectordb.migrate` checks them; such a row is right when it holds its given
     vector (same ``tol``), every other row when it holds ``map(source row)``. Adds ``kept_checked`` (kept rows both
     collections hold), ``kept_wrong`` (of them, the wrong ones: counted in ``wrong_vectors`` too) and
-    ``keep_not_found`` (ids of the set no source row has). ``progress("rows", fraction)``: after each source batch
-    (a job's raises Cancelled there: a big check stopped by a cancel within one batch)."""
+    ``keep_not_found`` (ids of the set no source row has). ``progress("rows", fraction)``: before the target's ids
+    are read, after, and before each source batch's work (a job's raises Cancelled there: a big check stopped by a
+    cancel within one step; the fraction: source rows read over the target's rows, which a complete copy equals)."""
     map_src, map_tgt = map_spaces(map_, registry)
     m = resolve_map(map_, registry)
     d_t = store.dim(target)  # a missing target is named first: it is the collection checked
@@ -87,14 +88,17 @@ def check_rows(store: VectorStore, source: str, target: str, map_, *, registry=N
                          "vectors (--keep-vectors)")
     keep = None if keep_ids is None else keep_set(store, source, keep_ids, keep_vectors, m.target_dim)
     n_keep_found = n_kept = n_kept_wrong = 0
+    report = progress if progress is not None else (lambda stage, fraction: None)
+    report("rows", 0.0)  # a cancel asked so far stops before the target's ids are read (Milvus: a scan of them)
     ids_t = np.sort(store.ids(target))  # sorted here: engines page in their own order (UUIDs)
+    report("rows", 0.0)  # ... and before the first source batch
     seen, missing, wrong, worst, n_missing, n_wrong = [], [], [], 0.0, 0, 0
     fields_wrong, n_fields_wrong = [], 0
-    n_source, n_seen = (store.count(source), 0) if progress is not None else (0, 0)
+    n_seen = 0  # the fraction counts against the target's rows, read already (a source count: another round trip)
     for b in store.scan(source, batch_size=batch_size, with_fields=True):
-        if progress is not None:  # before the batch's work: a cancel asked during the last one stops here
-            progress("rows", min(n_seen / n_source, 1.0) if n_source else 0.0)
-            n_seen += len(b)
+        # before the batch's work: a cancel asked during the last one stops here
+        report("rows", min(n_seen / ids_t.shape[0], 1.0) if ids_t.shape[0] else 0.0)
+        n_seen += len(b)
         seen.append(b.ids)
         kept = np.zeros(len(b), bool)
         if keep is not None:
@@ -210,8 +214,9 @@ def verify_migration(store: VectorStore, target: str, *, embed: Callable | None 
     n_sample, n_queries, db_queries, k : sizes (see module docs).
     random_state : seed for the id sample.
     progress : ``progress(stage, fraction)``, optional
-        Called at each stage (``sample``, ``embed`` per block of :data:`EMBED_BLOCK` texts, ``search``); a job's
-        raises Cancelled, so a cancel stops the check within one block.
+        Called at each stage (``sample`` before and after the ids are read, ``embed`` per block of
+        :data:`EMBED_BLOCK` texts, ``search``); a job's raises Cancelled, so a cancel stops the check within one
+        step.
 
     Returns
     -------
@@ -225,6 +230,7 @@ def verify_migration(store: VectorStore, target: str, *, embed: Callable | None 
         if ids.shape[0] < 2:
             raise InputError(f"{target!r} has fewer than 2 rows")
         sample = np.sort(rng.choice(ids, size=min(int(n_sample), ids.shape[0]), replace=False))
+        report("sample", 0.5)  # the ids read (a scan of them on Milvus): a cancel asked meanwhile stops here
         batch = store.fetch(target, sample)
         if batch.texts is None or any(t is None for t in batch.texts):
             raise InputError(f"rows of {target!r} carry no texts; verify with heldout=(X, Y) and map_ instead")

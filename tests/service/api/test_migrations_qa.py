@@ -58,8 +58,8 @@ def test_a_row_check_reports_each_batch_and_stops_on_a_cancel(qstore):
     migrate(qstore, "src", "dst", m, batch_size=100)
     seen = []
     out = check_rows(qstore, "src", "dst", m, batch_size=50, progress=lambda s, f: seen.append((s, f)))
-    assert out["rows_ok"] and [s for s, _ in seen] == ["rows"] * 6, seen
-    assert [round(f, 3) for _, f in seen] == [round(i / 6, 3) for i in range(6)]
+    assert out["rows_ok"] and [s for s, _ in seen] == ["rows"] * 8, seen  # before and after the target's ids too
+    assert [round(f, 3) for _, f in seen] == [0.0, 0.0] + [round(i / 6, 3) for i in range(6)]
 
     def stop_at_third(stage, f):
         if f >= 2 / 6 - 1e-9:
@@ -85,7 +85,7 @@ def test_a_reembedding_check_reports_its_stages_and_embeds_in_blocks(qstore):
 
     out = verify_migration(qstore, "t", embed=embed, n_sample=n, n_queries=20, progress=lambda s, f: seen.append(s))
     assert out["partner_top1"] == 1.0 and calls == [EMBED_BLOCK, 44]
-    assert seen == ["sample", "embed", "embed", "search"], seen
+    assert seen == ["sample", "sample", "embed", "embed", "search"], seen
 
 
 def test_verify_refuses_an_encoder_other_than_the_spaces(qstore, monkeypatch):
@@ -192,6 +192,75 @@ def test_an_http_stale_checkpoint_refusal_gives_http_words(tmp_path):
         with pytest.raises(CheckpointMismatchError) as e:
             run_migration(store_url=url, source="src", target="dst", map_ref=m, checkpoint=ck, space_option=option)
         assert word in str(e.value) and (option.startswith("--") or "--checkpoint" not in str(e.value)), str(e.value)
+
+
+class _Watched(_Unclosed):
+    """A real store whose ``ids`` / ``count`` / ``scan`` / ``fetch`` calls are counted; ``ids`` may ask a cancel as
+    it returns (``stop``: the flag a job's cancel sets), as a cancel that arrives while Milvus scans the ids."""
+
+    def __init__(self, store, stop: dict | None = None):
+        super().__init__(store)
+        self.calls, self._stop = [], stop
+
+    def __getattr__(self, name):
+        if name in ("ids", "count", "scan", "fetch"):
+            def call(*a, **kw):
+                self.calls.append(name)
+                out = getattr(self._s, name)(*a, **kw)
+                if name == "ids" and self._stop is not None:
+                    self._stop["asked"] = True
+                return out
+
+            return call
+        return super().__getattr__(name)
+
+
+@pytest.mark.parametrize("when", ["before", "during ids"])
+def test_a_rows_check_stops_on_a_cancel_before_its_slow_reads(qstore, monkeypatch, when):
+    """check_rows read every target id, then counted the source (for the fraction alone: a round trip on Milvus),
+    then a first batch before its first report: a cancel at t=0 stopped after 121 s on 200k Milvus Lite rows. A
+    cancel asked before the check stops it before any of them; one asked while the ids are read, before the first
+    source batch (the space check reads one small batch of the source before); the source is never counted."""
+    import service.ops.verify as ov
+    from service.vectordb import migrate
+
+    X, Y = _pairs()
+    m = align.fit_procrustes(X, Y)
+    qstore.create("src", X.shape[1])
+    qstore.upsert("src", np.arange(len(X)), X)
+    migrate(qstore, "src", "dst", m, batch_size=100)
+    stop = {"asked": when == "before"}
+    store = _Watched(qstore, stop)
+    monkeypatch.setattr(ov, "open_store_for", lambda *a, **kw: store)
+    with pytest.raises(Cancelled, match="during 'rows'"):
+        ov.run_verify(store_url="qdrant://unused", collection="dst", source="src", map_ref=m,
+                      cancelled=lambda: stop["asked"])
+    # (the space check's first rows are read before: a source that records no space, one small batch)
+    read = store.calls[store.calls.index("ids"):] if "ids" in store.calls else []
+    assert read == ([] if when == "before" else ["ids"]) and "count" not in store.calls, store.calls
+    stop["asked"] = False
+    store.calls.clear()
+    ov.run_verify(store_url="qdrant://unused", collection="dst", source="src", map_ref=m, cancelled=lambda: False,
+                  progress=lambda s, f: None)
+    assert "count" not in store.calls and "ids" in store.calls, store.calls  # the fraction needs no source count
+
+
+def test_a_reembedding_check_stops_on_a_cancel_asked_while_its_ids_are_read(qstore, monkeypatch):
+    """After its "sample" report the re-embed check read every id and fetched the sample before the first
+    "embed" report: a cancel asked meanwhile waited for both. It stops before the fetch now."""
+    import service.ops.verify as ov
+
+    X, _ = _pairs(n=40, d=384)
+    qstore.create("t", 384)
+    qstore.upsert("t", np.arange(40), X, [f"t{i}" for i in range(40)])
+    stop = {"asked": False}
+    store = _Watched(qstore, stop)
+    monkeypatch.setattr(ov, "open_store_for", lambda *a, **kw: store)
+    with pytest.raises(Cancelled, match="during 'sample'"):
+        ov.run_verify(store_url="qdrant://unused", collection="t", encoder="all-MiniLM-L6-v2",
+                      cancelled=lambda: stop["asked"])
+    assert store.calls == ["ids"], store.calls
+
 
 def test_a_registry_outage_while_the_encoder_is_checked_is_a_503(tmp_path, monkeypatch):
     """The space check reads the registry: its database down is the usual 503 (Retry-After), neither a skipped
