@@ -219,10 +219,13 @@ def check_pg_userinfo(url: str, what: str = "PostgreSQL URL") -> str:
 #: 'db.internal'``, and ``host: 'db.internal', port: '5432', hostaddr: '10.0.0.5'`` naming each attempt of several
 _QUOTED = r"""(?:'[^']*'|"[^"]*"|None)"""  # a Python repr of a str (or None), as psycopg writes them
 # ... and vecbridge's own: ``pgvector: cannot connect to user@db:5432/vb: ...`` (``milvus: cannot connect to
-# http://db:19530: ...``), ``qdrant: https://db:6333 refused the request``; pymilvus's ``server on db:19530``
+# http://db:19530: ...``: the target runs to the ": " before the driver's words, spaces included, as a socket
+# folder's ``u@/tmp/my dir/vb``; the registry's "cannot connect to PostgreSQL registry: " names none),
+# ``qdrant: https://db:6333 refused the request``; pymilvus's ``server on db:19530``
 _ENDPOINT = re.compile(r'(server at )"[^"]*"(?: \([^)]*\))?, port \d+|(on socket )"[^"]*"|(host name )"[^"]*"'
                        rf"|(failed to resolve host ){_QUOTED}|(host: ){_QUOTED}, port: {_QUOTED}, hostaddr: {_QUOTED}"
-                       r"|(cannot connect to )\S+?(?=: )|(qdrant: )\S+(?= refused the request)"
+                       r"|(cannot connect to )(?!PostgreSQL registry: )[^\n]+?(?=: )"
+                       r"|(qdrant: )\S+(?= refused the request)"
                        r"|(connecting to server on )[^\s,]+")
 
 

@@ -262,6 +262,27 @@ def test_a_reembedding_check_stops_on_a_cancel_asked_while_its_ids_are_read(qsto
     assert store.calls == ["ids"], store.calls
 
 
+def test_an_unreachable_socket_folder_with_a_space_is_hidden_whole(tmp_path):
+    """``cannot connect to u@/tmp/my dir/vb: ...`` was masked up to its first space: `` dir/vb`` reached clients."""
+    pytest.importorskip("psycopg")
+    from urllib.parse import quote
+
+    from service.urls import hide_endpoints
+    from service.vectordb.base import pg_connect
+
+    folder = tmp_path / "my dir"
+    folder.mkdir()
+    with pytest.raises(align.exceptions.VecbridgeError) as e:
+        pg_connect(f"postgresql://u@/vb?host={quote(str(folder))}", "pgvector", "start it")
+    said = str(e.value)
+    assert f"cannot connect to u@{folder}/vb: " in said, said  # the log keeps it
+    shown = hide_endpoints(said)
+    assert "my dir" not in shown and shown.startswith("pgvector: cannot connect to ***: "), shown
+    assert shown.endswith("No such file or directory; start it"), shown  # the driver's words stay
+    registry = "cannot connect to PostgreSQL registry: connection refused"
+    assert hide_endpoints(registry) == registry  # the registry's line names no place before its ": "
+
+
 def test_a_registry_outage_while_the_encoder_is_checked_is_a_503(tmp_path, monkeypatch):
     """The space check reads the registry: its database down is the usual 503 (Retry-After), neither a skipped
     check nor a failed one (nothing catches it as "space unknown")."""
