@@ -269,7 +269,7 @@ def test_a_web_page_of_an_allowed_origin_can_read_the_etag(tmp_path):
         httpx.put(f"{url}/v1/maps/a2b/aliases/prod", json={"version": 1}, headers=W)
         r = httpx.get(f"{url}/v1/maps/a2b/aliases/prod", headers={**W, **origin})
         assert "etag" in r.headers["access-control-expose-headers"].lower() and r.headers["etag"] == '"v1"'
-        r = httpx.post(f"{url}/v1/maps/a2b@prod/transform", content=np.zeros((2, 16), np.float32).tobytes(),
+        r = httpx.post(f"{url}/v1/maps/a2b@prod/transform", content=np.ones((2, 16), np.float32).tobytes(),
                        headers={**W, **origin, "Content-Type": "application/octet-stream", "X-Vector-Dim": "16"})
         assert r.status_code == 200, r.text
         exposed = {h.strip().lower() for h in r.headers["access-control-expose-headers"].split(",")}

@@ -299,7 +299,7 @@ def test_using_many_versions_of_a_map_adds_no_series_per_version(server):
     url, name, versions, rows = server["url"], f"many{server['workers']}", 30, 3
     _register(server, name, versions)
 
-    body = {"vectors": np.zeros((rows, 16)).tolist()}
+    body = {"vectors": np.ones((rows, 16)).tolist()}  # not zero rows: a transform refuses those
     for v in range(1, versions + 1):
         r = httpx.post(f"{url}/v1/maps/{name}:{v}/transform", headers=R, json=body, timeout=30)
         assert r.status_code == 200 and r.json()["version"] == v, r.text
@@ -347,7 +347,7 @@ def test_the_counters_of_a_map_whose_versions_are_all_deleted_leave_the_scrape(s
     gone, kept = "gone1", "kept1"
     for name in (gone, kept):
         _register(server, name, 2)
-    body = {"vectors": np.zeros((3, 16)).tolist()}
+    body = {"vectors": np.ones((3, 16)).tolist()}  # not zero rows: a transform refuses those
     for name in (gone, kept):
         for v in (1, 2):
             r = httpx.post(f"{url}/v1/maps/{name}:{v}/transform", headers=R, json=body, timeout=30)
