@@ -165,30 +165,60 @@ def _not_utf8(body: bytes) -> str | None:
 _KEY_END = re.compile(rb'"[ \t\n\r]*:')
 
 
-def _key_ends(body: bytes) -> int:
-    """The matches of :data:`_KEY_END` in ``body``, without looking inside a ``vectors`` list: from its key to the
-    next quote there is no key, and that stretch is found by ``bytes.find`` (a memchr, ~3 % of orjson's parse of
-    150 MB of numbers, where the pattern's scan took ~15 %)."""
-    count, at, end = 0, 0, len(body)
+def _vector_stretches(body: bytes):
+    """``(key, start, stop)`` of each ``"vectors"`` key of ``body``: where its text starts, where its value starts
+    (past the colon) and the next quote (or the end). From its key to the next quote there is no string and so no
+    key; that stretch is found by ``bytes.find`` (a memchr, ~3 % of orjson's parse of 150 MB of numbers, where
+    :data:`_KEY_END`'s scan took ~15 %)."""
+    at, end = 0, len(body)
     while at < end:
         v = body.find(b'"vectors"', at)
         if v < 0:
-            break
-        count += len(_KEY_END.findall(body, at, v + 8))
+            return
         key = _KEY_END.match(body, v + 8)
         if key is None:  # the word as a string value: go on past it
             at = v + 8
             continue
-        count += 1
         nxt = body.find(b'"', key.end())
         at = end if nxt < 0 else nxt
+        yield v, key.end(), at
+
+
+def _key_ends(body: bytes) -> int:
+    """The matches of :data:`_KEY_END` in ``body``, without looking inside a ``vectors`` value
+    (:func:`_vector_stretches`)."""
+    count, at = 0, 0
+    for v, _, stop in _vector_stretches(body):
+        count += len(_KEY_END.findall(body, at, v + 8)) + 1
+        at = stop
     return count + len(_KEY_END.findall(body, at))
+
+
+_WS = re.compile(rb"[ \t\n\r]*")
+
+
+def _without_vectors(body: bytes) -> bytes:
+    """``body`` with the value of each ``vectors`` key written ``0``: the same objects with the same keys, for
+    :func:`_refuse_repeated_keys` to parse without reading the rows again (json.loads of a 63 MB add took 2 s and
+    100 MB). A value is cut where its stretch (:func:`_vector_stretches`: no string, so no key) holds no ``{`` up
+    to its first ``}``: the value ends before that ``}`` (its object's end) or, where the stretch holds none, before
+    the comma that comes ahead of the next key. Any other value (one holding an empty object) is kept whole."""
+    parts, at, mv = [], 0, memoryview(body)
+    for _, start, stop in _vector_stretches(body):
+        first = _WS.match(body, start, stop).end()
+        close = body.find(b"}", first, stop)
+        close = stop if close < 0 else close
+        if first == close or body.find(b"{", first, close) >= 0:
+            continue  # a string value (nothing before the quote), or an object among the rows: kept
+        parts += (mv[at:first], b"0," if close == stop else b"0")
+        at = close
+    return b"".join((*parts, mv[at:])) if parts else body
 
 
 def _keys(value: Any) -> int:
     """The keys of the JSON objects in a parsed ``value``, at most: ``vectors`` and the lists whose first item is no
     list or object are not looked into (a 1 M-id list costs nothing); what is left out only makes the count short
-    of :func:`_key_ends`, and the body is then parsed again (:func:`_refuse_repeated_keys`)."""
+    of :func:`_key_ends`, and the body is then parsed again, without its vectors (:func:`_refuse_repeated_keys`)."""
     kind = type(value)
     if kind is dict:
         return len(value) + sum(_keys(v) for k, v in value.items() if k != "vectors" and type(v) in (dict, list))
@@ -199,7 +229,8 @@ def _keys(value: Any) -> int:
 
 def _refuse_repeated_keys(body: bytes) -> None:
     """InputError naming a key that one JSON object of ``body`` gives twice: orjson keeps the last (``{"k": 3,
-    "k": 7}`` searched with k=7), RFC 8259 leaves it undefined, and a client meant one of them."""
+    "k": 7}`` searched with k=7), RFC 8259 leaves it undefined, and a client meant one of them. The body is parsed
+    again without its vectors (:func:`_without_vectors`), the numbers left unread."""
     import json
 
     def pairs(items: list) -> dict:
@@ -211,7 +242,27 @@ def _refuse_repeated_keys(body: bytes) -> None:
             seen.add(key)
         return dict(items)
 
-    json.loads(body, object_pairs_hook=pairs)
+    _reparse(json.loads, _without_vectors(body), object_pairs_hook=pairs, parse_int=_zero, parse_float=_zero)
+
+
+def _zero(_: str) -> int:
+    return 0
+
+
+def _reparse(loads, text: bytes, **kw) -> Any:
+    """``loads(text, **kw)``: the standard library's parser, read where orjson (which parsed ``text`` first) cannot
+    tell a repeated key or a whole number; its failures are the client's InputError, not a 500. It stops at ~1000
+    levels of nesting where orjson allows 1024 (deeper than any field is taken: vectors are 2, others
+    ``MAX_JSON_DEPTH``)."""
+    try:
+        return loads(text, **kw)
+    except InputError:
+        raise
+    except RecursionError:
+        raise InputError(f"body: JSON nested too deep to read (vectors are a list of rows: 2 levels; any other field "
+                         f"at most {MAX_JSON_DEPTH})") from None
+    except ValueError as exc:
+        raise InputError(f"body could not be read: {str(exc)[:200]}") from None
 
 
 def _looks_like_json(body: bytes) -> bool:
@@ -233,7 +284,7 @@ def _check_int_range(body: bytes) -> None:
     and :func:`_check_depth` names the field."""
     import json
 
-    _check_depth(json.loads(body, parse_float=lambda _: 0.0))
+    _check_depth(_reparse(json.loads, body, parse_float=_zero))
 
 
 _INT_LO, _INT_HI = JSON_INT_RANGE
