@@ -74,11 +74,17 @@ def transform_file(registry, ref: str, inp, out, *, chunk_rows: int = 65536, out
     else:  # texts are embedded by the source space's encoder
         check_direction(v, m, inp, rows=rows, key=key, column=column, warn=warn)
 
+    def file_rows(at: np.ndarray) -> np.ndarray:  # places among the rows read -> rows of the input (only to tell)
+        if rows is None:
+            return at
+        sel = resolve_rows(parse_rows(rows), count_rows(inp, key=key, column=column, text_field=text_field), inp)
+        return at + sel.start if isinstance(sel, slice) else np.asarray(sel)[at]
+
     def mapped(chunks):
         name, skip = Path(inp).name, None if kept is None else kept[0]
         if ray_address is None:  # zero rows told after the apply's NaN check, as HTTP tells them
-            return _no_zero_rows(chunks, name, skip, lambda chunk: m.apply(chunk, output=output))
-        chunks = _no_zero_rows(chunks, name, skip)
+            return _no_zero_rows(chunks, name, skip, file_rows, lambda chunk: m.apply(chunk, output=output))
+        chunks = _no_zero_rows(chunks, name, skip, file_rows)
         from ..distributed import apply_stream_ray  # Ray: imported only when asked for
 
         return apply_stream_ray(m, chunks, output=output, address=None if ray_address == "local" else ray_address)
@@ -103,31 +109,39 @@ def transform_file(registry, ref: str, inp, out, *, chunk_rows: int = 65536, out
             "note": res["note"], **({} if kept is None else {"kept": int(kept[0].size)})}
 
 
-def check_no_zero_rows(X: np.ndarray, name: str, first: int = 0, skip: np.ndarray | None = None) -> None:
+def check_no_zero_rows(X: np.ndarray, name: str, first: int = 0, skip: np.ndarray | None = None, *,
+                       file_rows: Callable[[np.ndarray], np.ndarray] | None = None) -> None:
     """DegenerateInputError naming the all-zero rows of ``X`` (n, d) (numbered from ``first``; those in ``skip``, rows
     written native, let through). A zero row has no direction: a map sent it to its offset (the image of the frame's
     origin), a made-up vector that then ranked like a real one, where a search through a map and a migration refuse
-    it. ``LinearMap.apply`` keeps that image (the library's defined value); the transform, HTTP and CLI, refuses."""
+    it. ``LinearMap.apply`` keeps that image (the library's defined value); the transform, HTTP and CLI, refuses.
+    ``file_rows``: ``X`` is a chunk of the rows read from a file (those before it: ``first``), and the rows of that
+    file these numbers are (``--rows`` selects some): the message names those, counted over the rows read so far."""
     zero = ~np.logical_or.reduce(X != 0, axis=1)  # NaN is not zero (the apply names it)
     if X.shape[0] and zero.any():
         at = np.flatnonzero(zero) + first
         at = at if skip is None else at[~np.isin(at, skip)]
         if at.size:
+            where = f"{at.size} all-zero row(s) (row "
+            if file_rows is not None:
+                at = file_rows(at)
+                where = f"{at.size} all-zero row(s) in the first {first + X.shape[0]} rows read (input row "
             shown = ", ".join(map(str, at[:10].tolist())) + (", ..." if at.size > 10 else "")
-            raise DegenerateInputError(f"{name}: {at.size} all-zero row(s) (row {shown}); a zero row has no direction, "
+            raise DegenerateInputError(f"{name}: {where}{shown}); a zero row has no direction, "
                                        "and the map would send it to its offset, a made-up vector ranked like a real "
                                        "one (a search through a map and a migration refuse it too): drop such rows "
                                        "or embed them")
 
 
 def _no_zero_rows(chunks: Iterable[np.ndarray], name: str, skip: np.ndarray | None,
+                  file_rows: Callable[[np.ndarray], np.ndarray],
                   apply: Callable[[np.ndarray], np.ndarray] | None = None) -> Iterator[np.ndarray]:
     """``chunks`` (``apply``: each mapped by it), each checked by :func:`check_no_zero_rows` (rows numbered across
-    chunks) before it is yielded."""
+    chunks, named as rows of the input by ``file_rows``) before it is yielded."""
     done = 0
     for chunk in chunks:
         out = chunk if apply is None else apply(chunk)
-        check_no_zero_rows(chunk, name, done, skip)
+        check_no_zero_rows(chunk, name, done, skip, file_rows=file_rows)
         done += chunk.shape[0]
         yield out
 

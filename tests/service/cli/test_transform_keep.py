@@ -133,12 +133,13 @@ def test_an_all_zero_row_is_refused_by_its_row_unless_it_is_kept_native(capsys, 
     out = tmp_path / "out.npy"
     code, _, err = run(capsys, "--data-dir", root / "var", "transform", "--quiet", "--map", "m",
                        tmp_path / "zero.npy", out, "--chunk-rows", "100")
-    assert code == 2 and "zero.npy: 1 all-zero row(s) (row 3); a zero row has no direction" in err, err
+    assert code == 2 and "zero.npy: 1 all-zero row(s) in the first 100 rows read (input row 3); a zero row has no " \
+        "direction" in err, err
     assert not out.exists()
     code, _, err = run(capsys, "--data-dir", root / "var", "transform", "--quiet", "--map", "m",
                        tmp_path / "zero.npy", out, "--chunk-rows", "100", "--keep-rows", root / "rows.npy",
                        "--keep-vectors", root / "new_pairs.npy")
-    assert code == 2 and "1 all-zero row(s) (row 250)" in err, err  # row 3 is kept: its own vector is written
+    assert code == 2 and "1 all-zero row(s) in the first 300 rows read (input row 250)" in err, err  # row 3 is kept: its own vector is written
     assert not out.exists()  # the third chunk's row: two chunks were written, and the output is not left behind
     zero[250] = X[250]
     np.save(tmp_path / "zero.npy", zero)
@@ -146,6 +147,23 @@ def test_an_all_zero_row_is_refused_by_its_row_unless_it_is_kept_native(capsys, 
                        tmp_path / "zero.npy", out, "--chunk-rows", "100", "--keep-rows", root / "rows.npy",
                        "--keep-vectors", root / "new_pairs.npy")
     assert code == 0 and np.load(out).shape == (N, D), err
+
+
+def test_an_all_zero_row_is_named_by_its_row_of_the_input_whatever_rows_selects(capsys, tmp_path, world):
+    """With ``--rows`` the zero row was numbered within the selection (``--rows 400:700``: input row 450 was called
+    "row 50"; a listed [600, 7, 450]: "row 0, 2"), and counted within its chunk alone."""
+    root, X, _, _ = world
+    zero = X.copy()
+    zero[[450, 600]] = 0
+    np.save(tmp_path / "zero.npy", zero)
+    np.save(tmp_path / "sel.npy", np.array([600, 7, 450]))
+    out = tmp_path / "out.npy"
+    for rows, said in (("400:700", "1 all-zero row(s) in the first 100 rows read (input row 450)"),
+                       (tmp_path / "sel.npy", "2 all-zero row(s) in the first 3 rows read (input row 600, 450)")):
+        code, _, err = run(capsys, "--data-dir", root / "var", "transform", "--quiet", "--map", "m",
+                           tmp_path / "zero.npy", out, "--rows", rows, "--chunk-rows", "100")
+        assert code == 2 and f"zero.npy: {said}; a zero row" in err, err
+        assert not out.exists()
 
 
 def test_a_bad_keep_set_is_refused_before_a_row_is_mapped_or_written(tmp_path, world):
