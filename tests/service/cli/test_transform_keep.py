@@ -139,7 +139,8 @@ def test_an_all_zero_row_is_refused_by_its_row_unless_it_is_kept_native(capsys, 
     code, _, err = run(capsys, "--data-dir", root / "var", "transform", "--quiet", "--map", "m",
                        tmp_path / "zero.npy", out, "--chunk-rows", "100", "--keep-rows", root / "rows.npy",
                        "--keep-vectors", root / "new_pairs.npy")
-    assert code == 2 and "1 all-zero row(s) in the first 300 rows read (input row 250)" in err, err  # row 3 is kept: its own vector is written
+    # row 3 is kept: its own vector is written
+    assert code == 2 and "1 all-zero row(s) in the first 300 rows read (input row 250)" in err, err
     assert not out.exists()  # the third chunk's row: two chunks were written, and the output is not left behind
     zero[250] = X[250]
     np.save(tmp_path / "zero.npy", zero)
