@@ -89,15 +89,21 @@ def ids_array(ids, n: int | None = None, *, name: str = "ids", merge_repeats: bo
     except Exception:
         raise InputError(f"{name}: expected a list of integers") from None
     span = "2**61 - 1 (ids from 2**61 up are left to automatic ids)" if explicit else "2**62 - 1"
-    if arr.dtype == np.uint64 or arr.dtype == object:  # past int64: json gives Python ints numpy cannot hold
-        raise InputError(f"{name}: ids must be integers between 0 and {span}")
+    if arr.dtype == np.uint64 or arr.dtype == object or arr.dtype.kind == "f":  # past int64: json gives Python ints
+        # numpy cannot hold (uint64, object; or float64 beside smaller ints: [5, 2**64 - 1] said "got dtype float64")
+        items = ids if isinstance(ids, list) else arr.ravel().tolist()
+        bad = [x for x in items if type(x) is int and not 0 <= x < MAX_ID][:1]
+        if arr.dtype.kind != "f" or bad:
+            raise InputError(f"{name}: ids must be integers between 0 and {span}"
+                             + "".join(f"; {x} is not" for x in bad))
     if arr.ndim != 1 or (arr.size and not np.issubdtype(arr.dtype, np.integer)):
         raise InputError(f"{name}: expected a flat list of integers, got dtype {arr.dtype} shape {arr.shape}")
     arr = arr.astype(np.int64)
     if n is not None and arr.shape[0] != n:
         raise InputError(f"{name}: expected {n} ids (one per vector), got {arr.shape[0]}")
     if arr.size and (arr.min() < 0 or arr.max() >= MAX_ID):
-        raise InputError(f"{name}: ids must be between 0 and {span}")
+        raise InputError(f"{name}: ids must be between 0 and {span}; {int(arr.min() if arr.min() < 0 else arr.max())} "
+                         "is not")
     if explicit and arr.size and arr.max() >= MAX_EXPLICIT_ID:
         raise InputError(f"{name}: {int(arr.max())} is past the explicit ids' range 0 .. 2**61 - 1 (ids from 2**61 up "
                          "are left to automatic ids, which count past the largest id ever held: an explicit id there "

@@ -41,9 +41,10 @@ def test_one_explicit_id_cannot_use_up_every_clients_automatic_ids(world):
     for top in (2**62 - 1, 2**61):
         r = c.post("/v1/indexes/ids/vectors", headers=W, json={"vectors": row, "ids": [top]})
         assert r.status_code == 422 and "0 .. 2**61 - 1" in _message(r) and str(top) in _message(r), r.text
-    for past in (2**62, 2**63 - 1):  # past the stored ids' range too: the explicit range is the one named
-        r = c.post("/v1/indexes/ids/vectors", headers=W, json={"vectors": row, "ids": [past]})
+    for past in (2**62, 2**63 - 1, 2**64 - 1, -1):  # past the stored ids' range too: the explicit range, and the id
+        r = c.post("/v1/indexes/ids/vectors", headers=W, json={"vectors": data["X"][:2].tolist(), "ids": [5, past]})
         assert r.status_code == 422 and "between 0 and 2**61 - 1" in _message(r), r.text
+        assert f"; {past} is not" in _message(r), r.text
     r = c.post("/v1/indexes/ids/vectors", headers=W, json={"vectors": row, "ids": [2**61 - 1]})
     assert r.status_code == 200, r.text
     assert c.post("/v1/indexes/ids/delete", headers=W, json={"ids": [2**61 - 1]}).json()["deleted"] == 1
