@@ -450,6 +450,22 @@ def test_reliability_lists_every_limit_with_its_variable_name():
 
 
 
+def test_reliability_states_the_id_ranges_and_setting_ceilings_the_code_enforces():
+    """RELIABILITY's limits table said ids 0 <= id < 2^62 after explicit ids stopped at 2^61, and "schema ceiling
+    10,000" of max_k after k lost its schema bound: the ids row's figures are MAX_EXPLICIT_ID / MAX_ID, and each
+    setting's stated ceiling is its field's ``le``."""
+    from service.limits import MAX_EXPLICIT_ID, MAX_ID, Limits
+
+    text = (ROOT / "RELIABILITY.md").read_text()
+    ids = re.search(r"^\| index ids[^|]*up to 2\^(\d+) − 1[^|]*\| 0 ≤ id < 2\^(\d+) \|", text, re.M)
+    assert ids and (2 ** int(ids[1]), 2 ** int(ids[2])) == (MAX_ID, MAX_EXPLICIT_ID), ids and ids.group(0)
+    ceilings = re.findall(r"^\| `limits\.(\w+)`[^|]*\((?:schema ceiling|the setting goes up to) ([\d,]+)", text, re.M)
+    assert {name for name, _ in ceilings} >= {"max_k", "lm_max_new_tokens"}, ceilings
+    for name, value in ceilings:
+        le = [m.le for m in Limits.model_fields[name].metadata if getattr(m, "le", None) is not None]
+        assert le == [int(value.replace(",", ""))], (name, value, le)
+
+
 def python_call_problems(src: str) -> list[str]:
     """Keyword arguments of the calls a Python example makes to align / service objects that their signatures do
     not take (``align.fit_migration(..., unpaired_source=)``, ``Client(...).transform(..., with_versions=)``);
