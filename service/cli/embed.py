@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import click
 
-from ._common import ROWS, Ctx, check_text_encoder, emit, json_opt, progress_bar, quiet_opt
+from ._common import ROWS, Ctx, emit, json_opt, progress_bar, quiet_opt
 
 __all__ = ["embed_cmd"]
 
@@ -24,8 +24,8 @@ __all__ = ["embed_cmd"]
               help="Texts embedded and written at a time.")
 @click.option("--space", default=None, metavar="NAME",
               help="The registered space the vectors are of (as `index create --space`): registered with --encoder "
-                   "when new, as `fit` registers its sides; one registered with another encoder or width is refused "
-                   "before anything is embedded.")
+                   "when new, as `fit` registers its sides; one registered with another encoder or width, or with none "
+                   "(bind one with `spaces add NAME --encoder`), is refused before anything is embedded.")
 @click.argument("texts", type=click.Path(dir_okay=False))
 @click.argument("out", type=click.Path(dir_okay=False))
 @json_opt
@@ -36,39 +36,53 @@ def embed_cmd(obj: Ctx, texts, out, encoder, kind, rows, text_field, chunk_rows,
     .parquet: float32 unit rows, row i embeds the i-th text), in chunks.
 
     Every selected text is checked (one without text is refused, naming its line) before the first is embedded;
-    OUT appears complete or not at all."""
+    OUT appears complete or not at all. A long text is cut by MiniLM at 256 word pieces and by mpnet at 384 (the
+    rest is not read, silently); e5 reads all of it (in 512-token windows, averaged)."""
     from ..ops.embeddings import embed_file  # the encoders' packages: imported when a command embeds
+    from ..registry.names import check_name
 
+    new_space = []  # the registry is opened once the encoder and the texts are good: a refusal leaves none made
     if space is not None:
-        _check_space(obj.registry, texts, space, encoder)
+        check_name(space, "space name")
     progress, close = progress_bar(quiet=quiet, as_json=as_json)
     try:
         res = embed_file(texts, out, encoder=encoder, kind=kind, rows=rows, text_field=text_field,
-                         chunk_rows=chunk_rows, progress=progress)
+                         chunk_rows=chunk_rows, progress=progress,
+                         ready=None if space is None else lambda enc: new_space.append(_check_space(obj, space, enc)))
     finally:
         close()
     if space is not None:
-        obj.registry.register_space(space, res["dim"], encoder=res["encoder"])
+        if new_space[0]:
+            obj.registry.register_space(space, res["dim"], encoder=res["encoder"])
         res["space"] = space
     emit(res, as_json, f"wrote {res['rows']} rows ({res['dim']}-d, {res['kind']}) to {out} with {res['encoder']}"
          + (f" (space {space})" if space is not None else ""))
 
 
-def _check_space(registry, texts: str, space: str, encoder: str) -> None:
-    """Before any text is embedded: a registered ``space`` of another encoder (:func:`check_text_encoder`) or of
-    another width than ``encoder``'s is refused; a new one's name is checked as registering it will."""
-    from align.exceptions import DimensionMismatchError
+def _check_space(obj: Ctx, space: str, enc) -> bool:
+    """Before any text is embedded: whether ``space`` is new (registered with the encoder ``enc`` once its vectors
+    are written). A registered one must be of ``enc``'s width and record ``enc`` as its encoder: one of another
+    encoder, or of none (vectors fitted from files: their model is unknown), is refused."""
+    from align.exceptions import DimensionMismatchError, InputError
 
-    from ..encoders import ENCODERS, canonical_name
+    from ..encoders import UnknownEncoderError, canonical_name
     from ..registry import NotFoundError
-    from ..registry.names import check_name
 
-    check_name(space, "space name")
-    check_text_encoder(registry, texts, space, encoder)
     try:
-        info = registry.get_space(space)
+        info = obj.registry.get_space(space)
     except NotFoundError:
-        return
-    dim = ENCODERS[canonical_name(encoder)][0]
-    if info.dim != dim:
-        raise DimensionMismatchError(f"space {space!r} is {info.dim}-d; {canonical_name(encoder)} embeds {dim}-d")
+        return True
+    if info.dim != enc.dim:
+        raise DimensionMismatchError(f"space {space!r} is {info.dim}-d; {enc.name} embeds {enc.dim}-d")
+    if not info.encoder:
+        raise InputError(f"space {space!r} records no encoder; bind one with `vecbridge spaces add {space} --encoder "
+                         f"{enc.name}` if {enc.name} embeds it")
+    try:
+        registered = canonical_name(info.encoder)
+    except UnknownEncoderError:
+        registered = info.encoder
+    if registered != enc.name:
+        raise InputError(f"space {space!r} is embedded by {info.encoder!r}; texts embedded by {enc.name!r} would not "
+                         f"be comparable with its vectors (embed them with --encoder {info.encoder}, or give another "
+                         f"--space)")
+    return False

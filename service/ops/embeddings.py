@@ -172,13 +172,17 @@ class _ProcessEncoders:
 
 
 def embed_file(inp, out, *, encoder: str, kind: str = "passage", rows=None, text_field: str = "text",
-               chunk_rows: int = 1024, progress: Progress | None = None) -> dict:
+               chunk_rows: int = 1024, progress: Progress | None = None,
+               ready: Callable[[object], None] | None = None) -> dict:
     """Embed the texts of file ``inp`` (.txt one per line, .jsonl ``text_field``, .json a list of strings; ``rows``
     ``"START:STOP"`` or row indices, in that order) with ``encoder`` as ``kind`` (``passage`` or ``query``: e5's
     prefixes) into ``out`` (.npy, .fvecs, .parquet: float32 unit rows, row i = the i-th text selected),
     ``chunk_rows`` texts at a time through :func:`embed`, the path of ``POST /v1/embeddings``. The encoder is
     loaded and every selected text checked before anything is embedded; ``out`` appears complete or not at all.
-    ``progress`` reports ``("embed", texts done / texts)``. Returns ``{"encoder", "kind", "rows", "dim", "out"}``."""
+    ``progress`` reports ``("embed", texts done / texts)``; ``ready(encoder)``, called once the encoder is loaded and
+    the texts checked, before anything is embedded or written, may refuse by raising (``embed --space``'s registry
+    check: a bad input leaves no registry made for nothing). Returns ``{"encoder", "kind", "rows", "dim", "out"}``,
+    ``out`` absolute."""
     from ..io import STREAM_SUFFIXES, TEXT_SUFFIXES, FormatError, check_not_input, is_text_path, read_texts
     from ..storage import check_writable
     from ..tables import MappedWriter
@@ -196,6 +200,8 @@ def embed_file(inp, out, *, encoder: str, kind: str = "passage", rows=None, text
     texts = read_texts(inp, rows=rows, text_field=text_field)  # each checked: one without text is refused here
     if not texts:
         raise EmptyInputError(f"{Path(inp).name}: no texts to embed")
+    if ready is not None:
+        ready(enc)
     say = progress or silent
     say("embed", 0.0)
     with MappedWriter(inp, out, dim=enc.dim, n_rows=len(texts), batch_rows=chunk_rows) as w:
@@ -203,4 +209,4 @@ def embed_file(inp, out, *, encoder: str, kind: str = "passage", rows=None, text
             X, _ = embed(_ProcessEncoders, enc.name, texts[s : s + chunk_rows], kind=kind)
             w.write(X)
             say("embed", min(1.0, (s + chunk_rows) / len(texts)))
-    return {"encoder": enc.name, "kind": kind, "rows": len(texts), "dim": enc.dim, "out": str(out)}
+    return {"encoder": enc.name, "kind": kind, "rows": len(texts), "dim": enc.dim, "out": str(Path(out).resolve())}

@@ -147,9 +147,56 @@ def test_embed_space_registers_the_encoder_and_refuses_another(capsys, encoders,
     info = reg.get_space("old")
     assert (info.dim, info.encoder) == (384, "all-MiniLM-L6-v2")
     reg.register_space("wide", 768)
-    for space, message in (("old", "space 'old' is embedded by 'all-MiniLM-L6-v2'"),
+    for space, message in (("old", "space 'old' is embedded by 'all-MiniLM-L6-v2'; texts embedded by "
+                                   "'multilingual-e5-small' would not be comparable with its vectors (embed them with "
+                                   "--encoder all-MiniLM-L6-v2, or give another --space)"),  # not "omit the encoder"
                            ("wide", "space 'wide' is 768-d; multilingual-e5-small embeds 384-d")):
         code, out, err = run(capsys, "--data-dir", var, "embed", "--encoder", "e5", "--space", space,
                              texts / "t.txt", texts / "x.npy", "--quiet")
         assert code == 2 and message in err and not (texts / "x.npy").exists(), err
     assert reg.get_space("wide").encoder is None
+
+
+def test_embed_space_refuses_a_space_that_records_no_encoder(capsys, encoders, texts):
+    """A space fitted from vector files records no encoder: `embed --space` bound the encoder given to it without a
+    word (e5 texts then searched a MiniLM index). It is refused, naming the command that binds one; that command
+    works as named."""
+    from service.registry import open_registry
+
+    var = texts / "var"
+    reg = open_registry(f"sqlite:///{var / 'registry.sqlite'}", var / "artifacts")
+    reg.register_space("minilm", 384)
+    args = ["--data-dir", var, "embed", "--encoder", "e5", "--space", "minilm", texts / "t.txt", texts / "x.npy"]
+    code, out, err = run(capsys, *args, "--quiet")
+    assert code == 2 and out == "" and not (texts / "x.npy").exists(), err
+    assert ("space 'minilm' records no encoder; bind one with `vecbridge spaces add minilm --encoder "
+            "multilingual-e5-small` if multilingual-e5-small embeds it") in err
+    assert reg.get_space("minilm").encoder is None
+    code, _, err = run(capsys, "--data-dir", var, "spaces", "add", "minilm", "--encoder", "multilingual-e5-small")
+    assert code == 0, err
+    code, out, err = run(capsys, *args, "--json")
+    assert code == 0, err
+    assert json.loads(out)["space"] == "minilm" and reg.get_space("minilm").encoder == "multilingual-e5-small"
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--encoder", "nope", "--space", "s", "t.txt", "o.npy"], "unknown encoder 'nope'"),
+    (["--encoder", "minilm", "--space", "bad name!", "t.txt", "o.npy"], "space name"),
+    (["--encoder", "minilm", "--space", "s", "empty.json", "o.npy"], "empty.json: no texts to embed"),
+])
+def test_embed_space_refused_input_makes_no_registry(capsys, encoders, texts, monkeypatch, args, message):
+    """A failed `embed --space` (unknown encoder, bad space name, no texts) left an empty registry.sqlite and
+    artifacts/ behind: the registry is opened only once the name, the encoder and the texts are good."""
+    (texts / "empty.json").write_text("[]")
+    monkeypatch.chdir(texts)
+    code, _, err = run(capsys, "--data-dir", texts / "var", "embed", *args, "--quiet")
+    assert code == 2 and message in err, err
+    assert not (texts / "var").exists()
+
+
+def test_embed_json_out_is_absolute(capsys, encoders, texts, monkeypatch):
+    """As plan's rows_out: the path of the file written, usable from any directory."""
+    monkeypatch.chdir(texts)
+    code, out, err = run(capsys, "embed", "--encoder", "minilm", "t.txt", "rel.npy", "--json")
+    assert code == 0, err
+    assert json.loads(out)["out"] == str((texts / "rel.npy").resolve())
