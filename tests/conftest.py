@@ -274,9 +274,10 @@ def pytest_runtest_protocol(item, nextitem):
     Python, so pytest-timeout's signal cannot fail it, and CI hung to its own limit saying nothing. A minute after
     the test's timeout, faulthandler's thread (no GIL needed) prints every thread's stack and ends this worker:
     xdist reports it crashed while running that test, and does not run it again (``--max-worker-restart 0``,
-    Makefile)."""
-    marker = item.get_closest_marker("timeout")
-    limit = float(marker.args[0]) if marker is not None and marker.args else float(item.config.getini("timeout") or 0)
+    Makefile). A test whose limit is of its call alone (``timeout(..., func_only=True)``: the README's walk-through,
+    whose setup may embed the WordNet sample first) has the default limit on its setup and its teardown, its own on
+    the call (:func:`pytest_runtest_call`)."""
+    limit = _limit(item, call=False)
     if limit > 0:
         faulthandler.dump_traceback_later(limit + 60, exit=True, file=_STDERR[0])
     try:
@@ -284,3 +285,25 @@ def pytest_runtest_protocol(item, nextitem):
     finally:
         if limit > 0:
             faulthandler.cancel_dump_traceback_later()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item):
+    """The watchdog of a ``func_only`` test's call: its own limit, from the call's start; the default again after."""
+    own, default = _limit(item, call=True), _limit(item, call=False)
+    if own != default and own > 0:
+        faulthandler.dump_traceback_later(own + 60, exit=True, file=_STDERR[0])
+    try:
+        yield
+    finally:
+        if own != default and default > 0:
+            faulthandler.dump_traceback_later(default + 60, exit=True, file=_STDERR[0])
+
+
+def _limit(item, *, call: bool) -> float:
+    """The test's timeout in seconds (0: none): its marker's, else the ini's; a ``func_only`` marker's only for the
+    call, the ini's for the other phases."""
+    marker, default = item.get_closest_marker("timeout"), float(item.config.getini("timeout") or 0)
+    if marker is None or not marker.args or (marker.kwargs.get("func_only") and not call):
+        return default
+    return float(marker.args[0])
