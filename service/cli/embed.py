@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import click
 
-from ._common import ROWS, Ctx, emit, json_opt, progress_bar, quiet_opt
+from ._common import ROWS, Ctx, emit, json_opt, progress_bar, quiet_opt, warn
 
 __all__ = ["embed_cmd"]
 
@@ -37,7 +37,7 @@ def embed_cmd(obj: Ctx, texts, out, encoder, kind, rows, text_field, chunk_rows,
 
     Every selected text is checked (one without text is refused, naming its line) before the first is embedded;
     OUT appears complete or not at all. A long text is cut by MiniLM at 256 word pieces and by mpnet at 384 (the
-    rest is not read, silently); e5 reads all of it (in 512-token windows, averaged)."""
+    rest unread; a warning counts them, as --json's "truncated"); e5 reads all of it (512-token windows, averaged)."""
     from ..ops.embeddings import embed_file  # the encoders' packages: imported when a command embeds
     from ..registry.names import check_name
 
@@ -55,6 +55,9 @@ def embed_cmd(obj: Ctx, texts, out, encoder, kind, rows, text_field, chunk_rows,
         if new_space[0]:
             obj.registry.register_space(space, res["dim"], encoder=res["encoder"])
         res["space"] = space
+    if res["truncated"]:
+        warn(f"{res['truncated']} of {res['rows']} texts are longer than {res['encoder']} reads ({res['max_tokens']} "
+             f"tokens): each was embedded from its first {res['max_tokens']}, the rest unread")
     emit(res, as_json, f"wrote {res['rows']} rows ({res['dim']}-d, {res['kind']}) to {out} with {res['encoder']}"
          + (f" (space {space})" if space is not None else ""))
 

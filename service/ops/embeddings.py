@@ -181,8 +181,9 @@ def embed_file(inp, out, *, encoder: str, kind: str = "passage", rows=None, text
     loaded and every selected text checked before anything is embedded; ``out`` appears complete or not at all.
     ``progress`` reports ``("embed", texts done / texts)``; ``ready(encoder)``, called once the encoder is loaded and
     the texts checked, before anything is embedded or written, may refuse by raising (``embed --space``'s registry
-    check: a bad input leaves no registry made for nothing). Returns ``{"encoder", "kind", "rows", "dim", "out"}``,
-    ``out`` absolute."""
+    check: a bad input leaves no registry made for nothing). Returns ``{"encoder", "kind", "rows", "dim", "out",
+    "truncated", "max_tokens"}``: ``out`` absolute; ``truncated`` texts longer than the encoder's ``max_tokens``
+    (None: it reads every text whole) were embedded from their start only."""
     from ..io import STREAM_SUFFIXES, TEXT_SUFFIXES, FormatError, check_not_input, is_text_path, read_texts
     from ..storage import check_writable
     from ..tables import MappedWriter
@@ -204,9 +205,12 @@ def embed_file(inp, out, *, encoder: str, kind: str = "passage", rows=None, text
         ready(enc)
     say = progress or silent
     say("embed", 0.0)
+    cut = 0
     with MappedWriter(inp, out, dim=enc.dim, n_rows=len(texts), batch_rows=chunk_rows) as w:
         for s in range(0, len(texts), chunk_rows):
             X, _ = embed(_ProcessEncoders, enc.name, texts[s : s + chunk_rows], kind=kind)
+            cut += enc.truncated(texts[s : s + chunk_rows])
             w.write(X)
             say("embed", min(1.0, (s + chunk_rows) / len(texts)))
-    return {"encoder": enc.name, "kind": kind, "rows": len(texts), "dim": enc.dim, "out": str(Path(out).resolve())}
+    return {"encoder": enc.name, "kind": kind, "rows": len(texts), "dim": enc.dim, "out": str(Path(out).resolve()),
+            "truncated": cut, "max_tokens": enc.max_tokens}

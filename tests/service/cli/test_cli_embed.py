@@ -56,7 +56,7 @@ def test_embed_json_summary_and_jsonl_text_field(capsys, encoders, texts):
     code, out, err = run(capsys, *args, "--text-field", "body", "--json")
     assert code == 0, err
     assert json.loads(out) == {"encoder": "all-MiniLM-L6-v2", "kind": "passage", "rows": 5, "dim": 384,
-                               "out": str(texts / "o.npy")}
+                               "out": str(texts / "o.npy"), "truncated": 0, "max_tokens": 256}
     np.testing.assert_allclose(np.load(texts / "o.npy"), encoders["minilm"].encode(TEXTS, "passage"), atol=1e-5)
 
 
@@ -200,3 +200,32 @@ def test_embed_json_out_is_absolute(capsys, encoders, texts, monkeypatch):
     code, out, err = run(capsys, "embed", "--encoder", "minilm", "t.txt", "rel.npy", "--json")
     assert code == 0, err
     assert json.loads(out)["out"] == str((texts / "rel.npy").resolve())
+
+
+def test_embed_removes_a_killed_embeds_temporary_output(capsys, encoders, texts):
+    """A `kill -9` mid-embed leaves a hidden full-size ``.OUT.part-PID-HEX``; the next write of OUT removes it (no
+    live writer holds its lock), as transform's writer does."""
+    left = texts / ".o.npy.part-999999-0123abcd"
+    left.write_bytes(b"\0" * 4096)
+    code, _, err = run(capsys, "embed", "--encoder", "minilm", texts / "t.txt", texts / "o.npy", "--quiet")
+    assert code == 0, err
+    assert not left.exists() and not [p for p in texts.iterdir() if ".part-" in p.name]
+
+
+def test_embed_counts_the_texts_minilm_cuts(capsys, encoders, texts):
+    """MiniLM reads a text's first 256 word pieces and drops the rest without a word (a long document embedded as
+    its opening); embed counts them in a warning and in --json. e5's engine reads a long text whole (windows)."""
+    long = " ".join(["the quick brown fox jumps over the lazy dog"] * 40)  # ~360 word pieces
+    (texts / "long.json").write_text(json.dumps([long, "a cat", long + " and a volcano"]))
+    code, out, err = run(capsys, "embed", "--encoder", "minilm", texts / "long.json", texts / "m.npy", "--json")
+    assert code == 0, err
+    res = json.loads(out)
+    assert (res["truncated"], res["max_tokens"]) == (2, 256)
+    assert "warning: 2 of 3 texts are longer than all-MiniLM-L6-v2 reads (256 tokens)" in err
+    m = np.load(texts / "m.npy")
+    assert float(m[0] @ m[2]) > 0.9999  # what the cut dropped changed nothing
+    code, out, err = run(capsys, "embed", "--encoder", "e5", texts / "long.json", texts / "e.npy", "--json")
+    assert code == 0 and "warning" not in err, err
+    assert (json.loads(out)["truncated"], json.loads(out)["max_tokens"]) == (0, None)
+    e = np.load(texts / "e.npy")
+    assert float(e[0] @ e[2]) < 0.9999  # e5 read the end too
