@@ -219,8 +219,8 @@ def _beyond_fit(plan: dict, q: dict, k_fit: int | None) -> str:
     own = next((p for p in plan["predicted"] if p["k"] == k_fit), None)
     this = "" if own is None else (f"; this map, from {k_fit} pairs, is forecast {own['retention']:.3f} "
                                    f"[{own['low']:.3f}, {own['high']:.3f}]")
-    extra = (" (extrapolated beyond the probe)" if any(p["k"] == q["k"] and p["extrapolated"] for p in plan["predicted"])
-             else "")
+    beyond = any(p["k"] == q["k"] and p["extrapolated"] for p in plan["predicted"])
+    extra = " (extrapolated beyond the probe)" if beyond else ""
     return (f" K = {q['k']} is more pairs than this fit had ({k_fit}): a forecast{extra} for a map fitted again "
             f"with that many, not of this one{this}.")
 
