@@ -15,7 +15,8 @@ interleave.
 - :func:`check_fit` / :func:`prepare_fit` / :func:`run_fit` (or :func:`fit_steer`, all three):
   train ``W = P1 P2^T`` on labelled texts (+1 / -1 / 0; body frozen) and register it with its lens
   (vocabulary words at both ends of W's first singular directions) and lineage.
-- :func:`generate`: continue a prompt under ``{steer ref: eps}`` (composed by summation).
+- :func:`generate`: continue a prompt under ``{steer ref: eps}`` (composed by summation; refs to one version
+  summed, and the sum bounded by :data:`MAX_LM_EPS` as one eps).
 - :func:`analyze`: per-token evidence ``log p_{+eps}(x_t) - log p_{-eps}(x_t)`` of one steer.
 
 ``generate`` and ``analyze`` take the LM, or a loader ``() -> LM`` that they call only once every
@@ -43,7 +44,7 @@ from ..errors import ConflictError, NotFoundError
 from ..lm.model import LMUnavailableError
 from ..lm.model import load_lm as load_smollm2
 from ..registry.names import check_alias, check_name
-from .steers import check_steer_space
+from .steers import check_steer_space, check_summed_eps
 
 __all__ = ["LM", "LMFit", "lm_space", "open_lm", "get_lm", "check_fit", "prepare_fit", "run_fit", "fit_steer",
            "check_length", "generate", "analyze", "FIT_METRICS", "MAX_LM_EPS"]
@@ -219,10 +220,13 @@ def _registry_steer(registry):
     return load
 
 
-def _lm_steers(registry, lm, refs, load_steer):
-    """``(LM, [(SteerInfo, Steer)])``: every ref resolved first, then the LM loaded, then spaces checked."""
+def _lm_steers(registry, lm, refs, load_steer, eps=None):
+    """``(LM, [(SteerInfo, Steer)])``: every ref resolved first (with ``eps``, one per ref, the eps of refs to one
+    version summed and checked: :func:`~.steers.check_summed_eps`), then the LM loaded, then spaces checked."""
     load = load_steer or _registry_steer(registry)
     found = [load(ref) for ref in refs]
+    if eps is not None:  # before the LM loads (47 s on a cold server)
+        check_summed_eps([(ref, e, info) for ref, e, (info, _) in zip(refs, eps, found)], MAX_LM_EPS)
     own = repr(lm.space) if isinstance(lm, LM) else "lm.<model>"  # named once it is loaded
     for info, _ in found:  # an embedding steer: refused before the LM loads (47 s on a cold server), not after
         if not info.space.startswith(lm_space("")):
@@ -266,12 +270,14 @@ def generate(registry, lm: LM | Callable[[], LM], prompt: str, steers: Mapping[s
              max_new_tokens: int = 30, temperature: float = 1.0, top_p: float = 0.9, random_state: int = 0,
              load_steer=None, max_tokens: int | None = None) -> dict:
     """``{"model", "text", "steers"}``: the continuation of ``prompt`` under ``{ref: eps}`` (each eps in
-    [-:data:`MAX_LM_EPS`, :data:`MAX_LM_EPS`]); temperature 0: greedy.
+    [-:data:`MAX_LM_EPS`, :data:`MAX_LM_EPS`]); temperature 0: greedy. Refs naming one steer version (``tone``,
+    ``tone@prod``, ``tone:1``) compose as that steer at the sum of their eps, which is bounded as one eps is (each
+    alone was: two refs steered at twice the bound); summed rather than refused, as a search's steers are.
 
     The prompt must fit :func:`check_length` (``max_tokens``, and the model's context with the new tokens)."""
     for ref, eps in steers.items():
         check_number(f"the eps of steer {ref!r}", eps, -MAX_LM_EPS, MAX_LM_EPS)
-    lm, found = _lm_steers(registry, lm, list(steers), load_steer)
+    lm, found = _lm_steers(registry, lm, list(steers), load_steer, [steers[ref] for ref in steers])
     pairs = [(steer, float(steers[ref])) for ref, (_, steer) in zip(steers, found)]
     used = [{"name": info.name, "version": info.version, "eps": float(steers[ref])}
             for ref, (info, _) in zip(steers, found)]

@@ -62,7 +62,8 @@ Per-request options (never shared state): `k`; `exact` (scan every row); `ef_sea
 CSLS scores `2 cos(q, d) - r(q) - csls_weight r(d)`, `scoring="csls"`; the default weight 0.5 is half the
 classic one: it kept more of native recall in migrated indexes, corpus- and query-side);
 `steers` (`{"name@alias": eps, ...}`, |eps| at most 1000: steers of the index's space applied
-to the queries after translation, composed by summation; `steers` in the response lists them).
+to the queries after translation, composed by summation, refs to one version at their summed eps, bounded alike;
+`steers` in the response lists them).
 """
 
 

@@ -72,7 +72,9 @@ class LMFitRequest(_Strict):
 class LMGenerateRequest(_Strict):
     prompt: str = Field(..., min_length=1)
     steers: dict[str, Real] = Field(default_factory=dict, description=f"`{{steer ref: eps}}`, composed by summation "
-                                                                     f"(|eps| at most {ops.MAX_LM_EPS:g}).")
+                                                                     f"(|eps| at most {ops.MAX_LM_EPS:g}; refs to one "
+                                                                     f"version count as one steer at their summed eps, "
+                                                                     f"bounded alike).")
     max_new_tokens: Count = Field(30, ge=1, le=MAX_NEW_TOKENS)
     temperature: Real = Field(1.0, ge=0, le=10, allow_inf_nan=False,
                                description="Sampling temperature (default 1.0 with nucleus `top_p`: sampling is "

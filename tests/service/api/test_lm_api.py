@@ -300,3 +300,27 @@ def test_lm_steer_fit_takes_the_texts_post_lm_steers_takes(cli_env, capsys):
                 and time.monotonic() < deadline:
             time.sleep(0.05)
         assert job["state"] == "succeeded", job
+
+
+def test_refs_to_one_steer_version_are_bounded_by_their_summed_eps(cli_env, world, capsys):
+    """Each eps was bounded by 1000, but ``tone``, ``tone@prod`` and ``tone:01`` all name tone:1 and compose by
+    summation: ``{"tone": 800, "tone@prod": 800}`` steered at 1600. The refs are resolved first and the eps of refs
+    to one version summed and bounded as one eps, over HTTP and in the CLI, before the model loads."""
+    c = world["c"]
+    for steers in ({"tone": 800, "tone@prod": 800}, {"tone@prod": -600, "tone:01": -600, "tone": 100}):
+        r = c.post("/v1/lm/generate", headers=R, json={"prompt": "the film", "steers": steers, "max_new_tokens": 2})
+        msg = r.json()["error"]["message"]
+        assert r.status_code == 422 and "tone:1" in msg and all(repr(ref) in msg for ref in steers), r.text
+    r = c.post("/v1/lm/generate", headers=R, json={"prompt": "the film", "max_new_tokens": 2,
+                                                   "steers": {"tone": 900, "tone@prod": -400}})
+    assert r.status_code == 200 and [s["eps"] for s in r.json()["steers"]] == [900, -400], r.text
+    C, base, tmp, loads = cli_env
+    assert C.main([*base, "lm", "steer-fit", "--texts", str(tmp / "t.txt"), "--labels", str(tmp / "y.txt"),
+                   "--name", "tone", "--rank", "2", "--steps", "2", "--quiet"]) == 0
+    loads.clear()
+    capsys.readouterr()
+    assert C.main([*base, "lm", "generate", "--prompt", "the film", "--steer", "tone=700",
+                   "--steer", "tone:1=700"]) == 2
+    err = capsys.readouterr().err
+    assert "'tone', 'tone:1' are all tone:1" in err and "1400" in err, err
+    assert loads == []  # refused before the model loads

@@ -328,3 +328,16 @@ def test_steer_queries_bound_eps_for_every_face(world):
     steer = reg.load_steer(reg.resolve_steer("attr"))
     with pytest.raises(InputError, match="eps must be"):
         apply_steer_job(Q, [(steer, -1e30)])
+
+
+def test_refs_to_one_steer_version_are_bounded_by_their_summed_eps_in_search(world):
+    """``attr@prod`` and ``attr:1`` name one version and compose by summation: at 1000 each the queries were steered
+    at 2000 (the client's later batches, pinned to ``attr:1`` at the sum, were then refused). Now the first is."""
+    c, Q = world["c"], world["Q"][:3]
+    r = c.post("/v1/indexes/corpus/search", headers=R,
+               json={"vectors": Q.tolist(), "k": 3, "steers": {"attr@prod": 1000.0, "attr:1": 1000.0}})
+    msg = r.json()["error"]["message"]
+    assert r.status_code == 422 and "'attr@prod', 'attr:1' are all attr:1" in msg and "2000" in msg, r.text
+    r = c.post("/v1/indexes/corpus/search", headers=R,
+               json={"vectors": Q.tolist(), "k": 3, "steers": {"attr@prod": 1000.0, "attr:1": -500.0}})
+    assert r.status_code == 200, r.text
