@@ -107,6 +107,7 @@ from .client_errors import (
     error_from_response,
     unexpected,
 )
+from .client_embed import EmbedCalls
 from .client_steers import SteerCalls
 from .client_tags import TagCalls, VersionRecord
 from .client_wire import (
@@ -116,7 +117,6 @@ from .client_wire import (
     as_ints,
     as_list,
     b64,
-    b64_bytes,
     b64_row_bytes,
     clean,
     cut,
@@ -143,7 +143,7 @@ TERMINAL = ("succeeded", "failed", "cancelled")
 
 
 # --- the calls (each written once: service.client_core) ------------------------------------------
-class APICalls(SteerCalls, TagCalls, Calls):
+class APICalls(EmbedCalls, SteerCalls, TagCalls, Calls):
     """Every call of the API as a sans-IO generator (:mod:`service.client_core`); :class:`Client` runs them on
     ``httpx.Client``, :class:`AsyncClient` on ``httpx.AsyncClient``. Not for direct use."""
 
@@ -543,45 +543,6 @@ class APICalls(SteerCalls, TagCalls, Calls):
             if time.monotonic() >= deadline:
                 raise JobTimeoutError(job, timeout)
             yield Sleep(max(0.0, min(poll, deadline - time.monotonic())))  # the last poll lands at the deadline
-
-    # --- embeddings -----------------------------------------------------------------------------
-    @call
-    def list_models(self) -> list[dict]:
-        """Installed encoders (``GET /v1/models``)."""
-        return (yield from self._json("GET", "/v1/models"))["data"]
-
-    @call
-    def get_model(self, name: str) -> dict:
-        """One encoder's entry (``GET /v1/models/{name}``; an alias such as ``minilm`` too), else NotFoundError."""
-        return (yield from self._json("GET", f"/v1/models/{_seg(name)}"))
-
-    @call
-    def embed(self, texts: Sequence[str], model: str, *, target_space: str | None = None,
-              map: str | Sequence[str] | None = None, input_type: str = "passage",
-              with_versions: bool = False) -> Any:  # np.ndarray, or (E, versions) with_versions
-        """Embed ``texts`` with an installed encoder: (n, d) float32, optionally translated into ``target_space``
-        (one string: (1, d), as the service embeds it).
-
-        ``map`` (with ``target_space``): a map or a path (list) of maps to use instead of the registry's path. Texts
-        sent in several batches (the service's limits) all go through the map versions the first batch used;
-        ``with_versions=True`` returns ``(E, ["name:version", ...])``, that path of versions (empty: no map)."""
-        texts = as_list(texts)
-        pin = {"map": map}  # batches after the first: the versions it used (client_wire.pinned)
-        path: list[list[str]] = []
-
-        def send(part: slice) -> list:
-            answer = yield from self._json("POST", "/v1/embeddings", json=clean({
-                "input": texts[part], "model": model, "encoding_format": "base64", "target_space": target_space,
-                "input_type": input_type, **pin}), retry=True)
-            pin.update(pinned(answer))
-            if not path:
-                path.append([f"{m['name']}:{m['version']}" for m in answer.get("maps") or []])
-            return answer["data"]
-
-        parts = yield from self._batched(len(texts), json_sizes(texts, len(texts)), send, body="texts")
-        data = [e for part in parts for e in part]
-        E = np.stack([np.frombuffer(b64_bytes(e["embedding"]), dtype="<f4") for e in data])
-        return (E, path[0] if path else []) if with_versions else E
 
 
 # --- the two clients: the same calls, run on httpx.Client or httpx.AsyncClient -----------------------

@@ -323,7 +323,8 @@ def pinned(answer: dict) -> dict:
 # --- request bodies ------------------------------------------------------------------------------
 #: the yes/no fields of the request bodies (the service takes JSON true / false only there): :func:`clean` sends
 #: them as bools, numpy's too, and refuses anything else before the request (``exact=1`` was a 422 after the trip)
-FLAG_FIELDS = frozenset({"csls", "exact", "include_payloads", "store_texts", "paired", "overwrite", "dry_run"})
+FLAG_FIELDS = frozenset({"csls", "exact", "include_payloads", "store_texts", "paired", "overwrite", "dry_run",
+                         "truncate"})
 
 
 def clean(d: dict) -> dict:

@@ -79,11 +79,16 @@ class Encoder:
     max_tokens: int | None = None
     _tokens: Callable[[list[str]], list[int]] | None = None
 
+    def too_long(self, texts: Sequence[str]) -> list[tuple[int, int]]:
+        """``(index, tokens)`` of each of ``texts`` the model embeds from its first :attr:`max_tokens` tokens only
+        (none when it reads every text whole): what ``vecbridge embed`` and ``POST /v1/embeddings`` count."""
+        if self._tokens is None or not texts:
+            return []
+        return [(i, n) for i, n in enumerate(self._tokens(list(texts))) if n > self.max_tokens]
+
     def truncated(self, texts: Sequence[str]) -> int:
         """How many of ``texts`` the model embeds from their first :attr:`max_tokens` tokens only."""
-        if self._tokens is None or not texts:
-            return 0
-        return sum(n > self.max_tokens for n in self._tokens(list(texts)))
+        return len(self.too_long(texts))
 
     def encode(self, texts: Sequence[str], kind: str = "passage", batch_size: int = 64) -> np.ndarray:
         """Embed ``texts`` → float32 ``(n, dim)`` unit rows. ``kind`` is ``"passage"`` or ``"query"``."""

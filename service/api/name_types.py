@@ -11,12 +11,14 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import Path
-from pydantic import WithJsonSchema
+from pydantic import Field, WithJsonSchema
 
 from ..indexes.kinds import NAME_RE
+from ..limits import MAX_PATH_MAPS
 from ..registry import names as rules
 
-__all__ = ["AliasName", "AliasPath", "IndexName", "IndexNamePath", "Name", "NamePath", "Ref", "RefPath"]
+__all__ = ["AliasName", "AliasPath", "IndexName", "IndexNamePath", "MapPath", "Name", "NamePath", "Ref",
+           "RefPath"]
 
 _NAME = {"type": "string", "minLength": 1, "maxLength": rules.MAX_NAME, "pattern": rules.NAME_PATTERN,
          "description": f"A name: ASCII letters, digits, '.', '_', '-' and '->', at most {rules.MAX_NAME} "
@@ -34,6 +36,10 @@ Name = Annotated[str, WithJsonSchema(_NAME)]
 AliasName = Annotated[str, WithJsonSchema(_ALIAS)]
 Ref = Annotated[str, WithJsonSchema(_REF)]
 IndexName = Annotated[str, WithJsonSchema(_INDEX)]
+#: A pinned map (``name``, ``name@alias``, ``name:N``) or a path of them in order (a list, at most MAX_PATH_MAPS):
+#: what a search's or an embedding's ``map`` takes; ``service.ops.indexes.translation`` checks it hop by hop.
+# "" was taken as no map (the registry's path) where [] was a 422
+MapPath = Annotated[Ref, Field(min_length=1)] | Annotated[list[Ref], Field(min_length=1, max_length=MAX_PATH_MAPS)]
 
 NamePath = Annotated[str, Path(), WithJsonSchema(_NAME)]
 AliasPath = Annotated[str, Path(), WithJsonSchema(_ALIAS)]

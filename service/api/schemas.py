@@ -16,7 +16,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, Strict, creat
 
 from ..indexes import IndexInfo
 from ..indexes.csls import CSLS_WEIGHT
-from ..limits import (DEFAULT_LIMITS, MAX_DESCRIPTION, MAX_DIM, MAX_EF_SEARCH, MAX_PATH_MAPS, MAX_SEED,
+from ..limits import (DEFAULT_LIMITS, MAX_DESCRIPTION, MAX_DIM, MAX_EF_SEARCH, MAX_SEED,
                       MAX_STEER_EPS, check_json_depth)
 from ..ops.plans import EVAL_MAX_QUERIES
 from ..registry.models import SpaceInfo, SteerInfo, VersionInfo, display_fields
@@ -24,7 +24,8 @@ from ..registry.names import MAX_VERSION, check_text
 from .body_models import RequestModel
 from .body_models import StrictRequestModel as _Strict
 from .error_schemas import ErrorBody, error_responses
-from .name_types import AliasName, IndexName, Name, Ref
+from .embedding_schemas import EmbeddingItem, EmbeddingsRequest, EmbeddingsResponse, ModelList
+from .name_types import AliasName, IndexName, MapPath, Name, Ref
 from .number_types import Count, Flag, Real, count
 
 __all__ = [
@@ -54,10 +55,6 @@ Seed = Field(0, ge=0, le=MAX_SEED, description="Seed of every random step (0 .. 
 SteerEps = Annotated[Real, Field(ge=-MAX_STEER_EPS, le=MAX_STEER_EPS, allow_inf_nan=False)]
 Ids = Field(None, description="One id per row, 0 .. 2**61-1 (default, up to 2**62-1: counting up from one past "
             "the largest id the index ever held; a deleted id is not used again).")
-#: A pinned map (``name``, ``name@alias``, ``name:N``) or a path of them in order (a list, at most MAX_PATH_MAPS):
-#: what a search's or an embedding's ``map`` takes; ``service.ops.indexes.translation`` checks it hop by hop.
-# "" was taken as no map (the registry's path) where [] was a 422
-MapPath = Annotated[Ref, Field(min_length=1)] | Annotated[list[Ref], Field(min_length=1, max_length=MAX_PATH_MAPS)]
 
 
 # --- spaces and maps ----------------------------------------------------------------------------
@@ -326,24 +323,6 @@ class EvaluateRequest(_Strict):
     random_state: Count = Seed
 
 
-# --- embeddings ---------------------------------------------------------------------------------
-class EmbeddingsRequest(_Strict):
-    input: str | list[str] = Field(..., description="Text or list of texts.")
-    model: str = Field(..., description="Installed encoder name (GET /v1/models).")
-    encoding_format: Literal["float", "base64"] = "float"
-    dimensions: Count | None = Field(None, description="Accepted only when equal to the output dimension "
-                                                     "(these models cannot truncate).")
-    user: str | None = None
-    target_space: Name | None = Field(None, description="Translate the embeddings into this space through the "
-                                                       "registry's maps (vecbridge extension).")
-    input_type: Literal["passage", "query"] = Field("passage", description="Encoder form (vecbridge extension).")
-    map: MapPath | None = Field(
-        None, description="With `target_space`: use this map (`name`, `name@alias`, `name:N`) instead of the "
-                          "registry's path, or a path of them in order (a list: from the model's space to "
-                          "`target_space`), e.g. the `maps` of an earlier answer as `name:version`: every batch of "
-                          "a large text set then goes through the same versions (vecbridge extension).")
-
-
 # --- response bodies ----------------------------------------------------------------------------
 # Responses are written by FastJSONResponse (orjson, numpy-native); these models document them
 # (``response_model``) without FastAPI re-validating each body.
@@ -530,26 +509,6 @@ class JobList(_Page):
     data: list[JobOut]
     counts: dict[str, int] = Field(..., description="Jobs by state, counted in the durable job store shared by "
                                                     "every process of the data dir (not just the answering one).")
-
-
-class ModelList(BaseModel):
-    object: Literal["list"]
-    data: list[dict[str, Any]]
-
-
-class EmbeddingItem(BaseModel):
-    object: Literal["embedding"]
-    index: int
-    embedding: list[float] | str = Field(..., description="Numbers, or base64 float32 with encoding_format=base64.")
-
-
-class EmbeddingsResponse(BaseModel):
-    object: Literal["list"]
-    data: list[EmbeddingItem]
-    model: str
-    usage: dict[str, int]
-    target_space: str | None = None
-    maps: list[dict[str, Any]] | None = None
 
 
 # --- steers -------------------------------------------------------------------------------------

@@ -25,7 +25,7 @@ from ..errors import ConflictError
 from ..progress import Progress, silent
 from ..registry import NotFoundError
 
-__all__ = ["FitSide", "check_pairs", "embed", "embed_file", "embed_side", "fit_side"]
+__all__ = ["FitSide", "check_pairs", "count_cut", "embed", "embed_file", "embed_side", "fit_side"]
 
 
 @dataclass
@@ -128,8 +128,26 @@ def _translation(services, model: str, target_space: str, map_ref):
     raise first_error
 
 
+def count_cut(enc, texts: Sequence[str], *, truncate: bool = True, what: str = "input") -> int:
+    """How many of ``texts`` encoder ``enc`` embeds from their first ``enc.max_tokens`` tokens only, the rest unread
+    (MiniLM 256, mpnet 384 word pieces; e5 reads every text whole: 0). ``truncate=False``: InputError naming the
+    first such text (``what[i]``), its tokens and the limit, with ``details`` for a machine, instead of cutting it.
+    The count of ``vecbridge embed`` and ``POST /v1/embeddings`` (tokenizing costs ~1% of encoding)."""
+    cut = enc.too_long(texts)
+    if cut and not truncate:
+        i, n = cut[0]
+        exc = InputError(f"{what}[{i}] is {n} tokens long, more than the {enc.max_tokens} {enc.name} reads "
+                         f"({len(cut)} of {len(texts)} texts are); with truncate false a text is refused, not cut: "
+                         f"split it, or send truncate true to embed its first {enc.max_tokens} tokens")
+        exc.details = [{"loc": ["body", what, i], "type": "too_many_tokens",
+                        "msg": f"{n} tokens, more than {enc.max_tokens}",
+                        "ctx": {"tokens": n, "max_tokens": enc.max_tokens, "too_long": len(cut)}}]
+        raise exc
+    return len(cut)
+
+
 def embed(services, model: str, texts: list[str], *, kind: str = "passage", target_space: str | None = None,
-          dimensions: int | None = None, map_ref: str | Sequence[str] | None = None):
+          dimensions: int | None = None, map_ref: str | Sequence[str] | None = None, truncate: bool = True):
     """Embed ``texts`` with encoder ``model``, optionally translated into ``target_space``.
 
     ``services``: the service's encoder and map caches (``encoder(name)``, ``spaces_for_encoder(name)``,
@@ -139,7 +157,8 @@ def embed(services, model: str, texts: list[str], *, kind: str = "passage", targ
     (:func:`service.ops.indexes.translation`): one that does not lead from the model's space to ``target_space``
     is an InputError. The path is resolved before any encoding (an unknown space or missing path is a 404 at
     once). ``dimensions`` is accepted only when it equals the output width (these models do not truncate).
-    Returns ``(X (n, d) float32, translation or None)``; the translation's ``versions`` are the maps used.
+    ``truncate``: see :func:`count_cut` (checked before any encoding).
+    Returns ``(X (n, d) float32, translation or None, texts cut)``; the translation's ``versions`` are the maps used.
     """
     if map_ref and not target_space:
         raise InputError("`map` names the path into `target_space`; give `target_space` too")
@@ -153,10 +172,11 @@ def embed(services, model: str, texts: list[str], *, kind: str = "passage", targ
         if target_space is not None and dimensions != width:
             raise InputError(f"dimensions={dimensions} is not supported: space {target_space!r} is "
                              f"{width}-d; omit `dimensions` or pass {width}")
+    cut = count_cut(enc, texts, truncate=truncate)
     X = np.asarray(enc.encode(texts, kind=kind), dtype=np.float32)
     if tr is not None and tr.map is not None:
         X = tr.map.apply(X, output="raw", validate=False)
-    return X, tr
+    return X, tr, cut
 
 
 class _ProcessEncoders:
@@ -208,8 +228,8 @@ def embed_file(inp, out, *, encoder: str, kind: str = "passage", rows=None, text
     cut = 0
     with MappedWriter(inp, out, dim=enc.dim, n_rows=len(texts), batch_rows=chunk_rows) as w:
         for s in range(0, len(texts), chunk_rows):
-            X, _ = embed(_ProcessEncoders, enc.name, texts[s : s + chunk_rows], kind=kind)
-            cut += enc.truncated(texts[s : s + chunk_rows])
+            X, _, n_cut = embed(_ProcessEncoders, enc.name, texts[s : s + chunk_rows], kind=kind)
+            cut += n_cut
             w.write(X)
             say("embed", min(1.0, (s + chunk_rows) / len(texts)))
     return {"encoder": enc.name, "kind": kind, "rows": len(texts), "dim": enc.dim, "out": str(Path(out).resolve()),

@@ -816,3 +816,19 @@ def test_plan_takes_keep_as_plan_keep_does(vb, server):
             vb.plan(X[:300], X[:200], Y[:200], keep=bad)
     with pytest.raises(InputError, match="csls must be True or False"):
         vb.evaluate("nope", X[:20], Y[:20], csls="false")
+
+
+@both_clients
+def test_embed_counts_or_refuses_the_texts_the_model_cuts(vb):
+    """``POST /v1/embeddings`` counts the texts MiniLM cut at 256 word pieces (``usage.truncated``) and refuses them
+    with ``truncate: false``; the client passes ``truncate`` and sums each batch's ``usage`` (``with_usage``)."""
+    long = " ".join(["the quick brown fox jumps over the lazy dog"] * 40)  # ~360 word pieces
+    E, usage = vb.embed(["a cat", long], "all-MiniLM-L6-v2", with_usage=True)
+    assert E.shape == (2, 384) and usage["truncated"] == 1 and usage["total_tokens"] == 2 + 360, usage
+    E2, versions, usage2 = vb.embed(["a cat"], "all-MiniLM-L6-v2", truncate=False, with_versions=True,
+                                    with_usage=True)
+    assert versions == [] and usage2["truncated"] == 0 and np.allclose(E2, E[:1], atol=1e-6)
+    with pytest.raises(ValidationError, match=r"input\[1\] is \d+ tokens long, more than the 256"):
+        vb.embed(["a cat", long], "all-MiniLM-L6-v2", truncate=False)
+    with pytest.raises(InputError, match="truncate must be True or False"):
+        vb.embed(["a cat"], "all-MiniLM-L6-v2", truncate="no")

@@ -36,7 +36,15 @@ in order, e.g. the earlier answer's `maps` as `name:version`, so every batch of 
 goes through the same versions whatever aliases move meanwhile (a path that does not lead from
 the model's space to `target_space` is a 422); `input_type` = `passage` (default) or `query`.
 `usage.prompt_tokens` counts whitespace-separated words (an approximation: the encoders'
-tokenizers are not consulted).
+tokenizers are not consulted for it).
+
+A text longer than the model reads (`max_tokens` of `GET /v1/models`: MiniLM 256, mpnet 384
+word pieces, specials included; e5 reads any length, in windows) is embedded from its start, the
+rest unread, and counted in `usage.truncated`. With `truncate: false` (text-embeddings-inference's
+flag) such a text is refused instead: a 422 naming the first (`input[i]`, its tokens, the limit;
+`details[0].ctx` has them as numbers), nothing embedded. A 422, not TEI's 413: here 413 means a
+body or batch over the service's limits, which the Python client answers by sending smaller
+batches; a text too long is not fixed by that.
 """
 
 
@@ -93,10 +101,11 @@ async def embeddings(body: Annotated[EmbeddingsRequest, Body(openapi_examples=ex
     check_texts(texts, "input")  # before any model loads: " " embedded as the empty text, one vector for all
     check_batch(len(texts), settings.max_batch)
 
-    X, tr = await state.heavy.run(lambda: embed_ops.embed(state, body.model, texts, kind=body.input_type,
-                                                           target_space=body.target_space, dimensions=body.dimensions,
-                                                           map_ref=body.map),
-                                  request)
+    X, tr, cut = await state.heavy.run(lambda: embed_ops.embed(state, body.model, texts, kind=body.input_type,
+                                                                target_space=body.target_space,
+                                                                dimensions=body.dimensions, map_ref=body.map,
+                                                                truncate=body.truncate),
+                                       request)
     state.metrics.batch_rows.labels("embeddings").observe(len(texts))
     if tr is not None:
         for v in tr.versions:
@@ -106,7 +115,7 @@ async def embeddings(body: Annotated[EmbeddingsRequest, Body(openapi_examples=ex
             for i in range(X.shape[0])]
     words = sum(len(t.split()) for t in texts)
     out = {"object": "list", "data": data, "model": body.model,
-           "usage": {"prompt_tokens": words, "total_tokens": words}}
+           "usage": {"prompt_tokens": words, "total_tokens": words, "truncated": cut}}
     if tr is not None:
         out["target_space"] = body.target_space
         out["maps"] = tr.describe()

@@ -199,3 +199,43 @@ def test_an_empty_map_is_a_422_like_an_empty_list_not_the_registry_path(tmp_path
             for empty in ("", []):
                 r = c.post(path, headers=R, json={**body, "map": empty})
                 assert r.status_code == 422 and "map" in r.text, (path, empty, r.status_code, r.text[:300])
+
+
+LONG = " ".join(["the quick brown fox jumps over the lazy dog"] * 40)  # ~360 word pieces: past MiniLM's 256
+
+
+def test_texts_cut_at_the_models_limit_are_counted_and_truncate_false_refuses_them(tmp_path, monkeypatch):
+    """MiniLM reads a text's first 256 word pieces: the answer said nothing of the texts it cut (``vecbridge embed``
+    counted them). Now ``usage.truncated`` counts them, and ``truncate: false`` (text-embeddings-inference's flag)
+    refuses them, a 422 naming the first (``input[i]``, its tokens, the limit) before anything is encoded. e5's
+    engine reads a long text whole: none cut, none refused. Real encoders from their wheels."""
+    import numpy as np
+    import pytest
+
+    pytest.importorskip("sentence_transformers")
+    from service.encoders import Encoder
+
+    calls = []
+    real = Encoder.encode
+    monkeypatch.setattr(Encoder, "encode", lambda self, texts, *a, **k: calls.append(len(texts)) or real(self, texts,
+                                                                                                        *a, **k))
+    texts = ["a cat", LONG, LONG + " and a volcano"]
+    with TestClient(create_app(settings_for(tmp_path))) as c:
+        r = c.post("/v1/embeddings", headers=R, json={"model": "minilm", "input": texts})
+        assert r.status_code == 200 and r.json()["usage"]["truncated"] == 2, r.text
+        E = np.asarray([d["embedding"] for d in r.json()["data"]])
+        assert float(E[1] @ E[2]) > 0.9999  # the cut dropped the difference
+        calls.clear()
+        r = c.post("/v1/embeddings", headers=R, json={"model": "minilm", "input": texts, "truncate": False})
+        assert r.status_code == 422 and calls == [], r.text
+        msg, detail = r.json()["error"]["message"], r.json()["error"]["details"][0]
+        assert "input[1] is " in msg and "more than the 256 all-MiniLM-L6-v2 reads" in msg and "2 of 3" in msg, msg
+        assert detail["loc"] == ["body", "input", 1] and detail["ctx"]["max_tokens"] == 256, detail
+        assert 300 < detail["ctx"]["tokens"] < 420 and f"is {detail['ctx']['tokens']} tokens long" in msg, detail
+        short = c.post("/v1/embeddings", headers=R, json={"model": "minilm", "input": texts[:1], "truncate": False})
+        assert short.status_code == 200 and short.json()["usage"]["truncated"] == 0, short.text
+        np.testing.assert_allclose(short.json()["data"][0]["embedding"], E[0], atol=1e-6)  # as with truncate true
+        r = c.post("/v1/embeddings", headers=R, json={"model": "e5", "input": texts, "truncate": False})
+        assert r.status_code == 200 and r.json()["usage"]["truncated"] == 0, r.text
+        r = c.post("/v1/embeddings", headers=R, json={"model": "minilm", "input": texts, "truncate": "no"})
+        assert r.status_code == 422 and "truncate" in r.json()["error"]["message"], r.text
