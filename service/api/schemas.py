@@ -24,7 +24,7 @@ from ..registry.names import MAX_VERSION, check_text
 from .body_models import RequestModel
 from .body_models import StrictRequestModel as _Strict
 from .error_schemas import ErrorBody, error_responses
-from .embedding_schemas import EmbeddingItem, EmbeddingsRequest, EmbeddingsResponse, ModelList
+from .embedding_schemas import EmbeddingsRequest, EmbeddingsResponse, ModelList
 from .name_types import AliasName, IndexName, MapPath, Name, Ref
 from .number_types import Count, Flag, Real, count
 
