@@ -212,8 +212,8 @@ class SearchOptions(_Strict):
                                            "(benchmarks/results/migration_2026-12-01_csls*.md).")
     exact: Flag = Field(False, description="Scan every row (ignores the approximate structure).")
     ef_search: count(1, MAX_EF_SEARCH) | None = Field(
-        None, description="HNSW breadth for this request (at most 32768, as the index's).")
-    nprobe: count(1, 65_536) | None = Field(None, description="IVF lists probed for this request.")
+        None, description="HNSW breadth for this request (at most 32768); HNSW only (else, or with exact: 422).")
+    nprobe: count(1, 65_536) | None = Field(None, description="IVF lists probed for this request; IVF only (or 422).")
     include_payloads: Flag = True
     steers: dict[str, SteerEps] | None = Field(
         None, description="Steered search: `{steer ref: eps}` applied to the queries in the index's space (after "

@@ -44,7 +44,7 @@ from .steers import steer_queries
 
 __all__ = ["Resolver", "RegistryResolver", "Translation", "translation", "leads", "space_encoder", "SearchResult",
            "embed_texts", "create_index", "add_rows", "query_dim", "check_k", "check_hits", "search", "search_parts",
-           "hits", "check_rows_space", "unchecked_log"]
+           "check_search_knobs", "hits", "check_rows_space", "unchecked_log"]
 
 log = get_logger("indexes")
 
@@ -326,6 +326,7 @@ def search(resolver: Resolver, idx: SpaceIndex, Q: np.ndarray | None = None, *, 
     ones that look like another space's (``space_option``: how the caller names the space, for its hint; ``warn``:
     as there). A batch of fewer than ``MEAN_CHECK_MIN_ROWS`` queries is not checked.
     """
+    check_search_knobs(idx, exact=exact, ef_search=ef_search, nprobe=nprobe, cli=space_option.startswith("--"))
     qspace = space or idx.space
     if texts is not None:
         Q, finite = embed_texts(resolver, qspace, texts, "query"), False
@@ -346,6 +347,32 @@ def search(resolver: Resolver, idx: SpaceIndex, Q: np.ndarray | None = None, *, 
                           csls_weight=csls_weight, wait=wait, with_payloads=with_payloads,
                           finite=finite and not used_steers)
     return SearchResult(S, I, idx, qspace, k, csls_k > 0, tr, used_steers, P[0] if P else None)
+
+
+#: the search option each index kind has: ``ef_search`` (HNSW's breadth), ``nprobe`` (IVF's lists probed)
+KNOBS = {"ef_search": "hnsw", "nprobe": "ivf"}
+
+
+def check_search_knobs(idx: SpaceIndex, *, exact: bool, ef_search: int | None, nprobe: int | None,
+                       cli: bool = False) -> None:
+    """InputError (422, exit 2) for a search option the index has no use for: ``ef_search`` on an index that is not
+    HNSW, ``nprobe`` on one that is not IVF, either with ``exact`` (every row is scored). They were dropped silently,
+    so a client tuning recall saw no change and no word why. An index's kind is fixed when it is created (``GET
+    /v1/indexes/{name}`` and ``vecbridge index info`` show it). ``cli``: name the flags (``--ef-search``)."""
+    def word(key: str) -> str:
+        return "--" + key.replace("_", "-") if cli else key
+
+    for key, value in (("ef_search", ef_search), ("nprobe", nprobe)):
+        if value is None:
+            continue
+        if idx.kind != KNOBS[key]:
+            other = next((k for k, kind in KNOBS.items() if kind == idx.kind), None)
+            has = (f"its search option is {word(other)}" if other else "it scores every row: no option tunes it")
+            raise InputError(f"{word(key)} is an {KNOBS[key].upper()} index's search option; index {idx.name!r} is "
+                             f"{idx.kind} ({has}): leave {word(key)} out")
+        if exact:
+            raise InputError(f"{word(key)} has no effect with {word('exact')}: an exact search scores every row of "
+                             f"index {idx.name!r}; give one of them")
 
 
 def search_parts(resolver: Resolver, idx: SpaceIndex, parts: Iterable[dict], **kw) -> Iterator[SearchResult]:

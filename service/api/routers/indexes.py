@@ -57,8 +57,9 @@ several requests passes the first answer's `maps` (`["name:version", ...]`) with
 that an alias moved meanwhile does not change the maps halfway (the Python client does; steers
 likewise by `name:version`).
 
-Per-request options (never shared state): `k`; `exact` (scan every row); `ef_search` (HNSW);
-`nprobe` (IVF); `csls` with `csls_k` and `csls_weight` (re-rank by CSLS to reduce hubness; scores are then
+Per-request options (never shared state): `k`; `exact` (scan every row); `ef_search` (HNSW only);
+`nprobe` (IVF only; either on an index of another kind, or with `exact`, is a 422 naming it, not dropped);
+`csls` with `csls_k` and `csls_weight` (re-rank by CSLS to reduce hubness; scores are then
 CSLS scores `2 cos(q, d) - r(q) - csls_weight r(d)`, `scoring="csls"`; the default weight 0.5 is half the
 classic one: it kept more of native recall in migrated indexes, corpus- and query-side);
 `steers` (`{"name@alias": eps, ...}`, |eps| at most 1000: steers of the index's space applied

@@ -646,10 +646,11 @@ def test_a_client_that_leaves_mid_upload_is_a_499_of_its_route(server):
 
 
 @pytest.mark.parametrize("ef, status", [(32_768, 200), (32_769, 422), (100_000, 422)])
-def test_a_searchs_ef_search_has_the_index_parameters_bound(world, loop_index, monkeypatch, ef, status):
-    """The request allowed ef_search up to 100,000 while the index parameter (and the docs) stop at 32,768."""
+def test_a_searchs_ef_search_has_the_index_parameters_bound(world, hnsw_index, monkeypatch, ef, status):
+    """The request allowed ef_search up to 100,000 while the index parameter (and the docs) stop at 32,768. (An HNSW
+    index's: a flat one refuses any ef_search, test_indexes.)"""
     c, _, data = world
-    fast, slow = both(c, monkeypatch, "POST", loop_index, **js({"vectors": data["Y"][:1].tolist(), "ef_search": ef}))
+    fast, slow = both(c, monkeypatch, "POST", hnsw_index, **js({"vectors": data["Y"][:1].tolist(), "ef_search": ef}))
     assert fast.status_code == status, fast.text
     assert_same(fast, slow)
 

@@ -631,3 +631,15 @@ def test_index_add_of_vectors_needs_no_registry_server(world, capsys, monkeypatc
             "answer (cannot connect" in err and "taken as 'b' rows" in err and len(err.splitlines()) == 1, err
         code, out, _ = cli(capsys, data, "show", "docs", "--json")
         assert json.loads(out)["count"] == 300
+
+
+def test_a_search_option_the_index_kind_has_no_use_for_is_exit_2_naming_the_flag(world, capsys):
+    """``--ef-search`` on a flat index (and ``--nprobe``) was dropped silently; as over HTTP, it is exit 2 naming the
+    flag and the index's kind, and the search runs without it."""
+    data, tmp, _, _ = world
+    assert cli(capsys, data, "create", "docs", "--space", "b", tmp / "y.npy", "--rows", "0:100", "--quiet")[0] == 0
+    for flag in ("--ef-search", "--nprobe"):
+        code, _, err = cli(capsys, data, "search", "docs", tmp / "y.npy", "--rows", "0:2", "-k", "3", flag, "8")
+        assert code == 2 and f"{flag} is an" in err and "index 'docs' is flat" in err and f"leave {flag} out" in err, \
+            err
+    assert cli(capsys, data, "search", "docs", tmp / "y.npy", "--rows", "0:2", "-k", "3")[0] == 0

@@ -576,6 +576,32 @@ def test_http_index_validation(api):
             == c.post("/v1/indexes/v8/search", headers=R, json=same).json()["results"])
 
 
+def test_a_search_option_the_index_kind_has_no_use_for_is_refused_naming_it(api):
+    """``ef_search`` on a flat or IVF index, ``nprobe`` on a flat or HNSW one, and either with ``exact`` were
+    dropped silently (200, the same hits): a client tuning recall saw no change and no word why. Each is a 422
+    naming the option and the index's kind; the option of the index's own kind still works."""
+    c, _, d, _ = api
+    Z = d["Z"]
+    for name, kind, params in (("kf", "flat", {}), ("kh", "hnsw", {"M": 8}), ("ki", "ivf", {"nlist": 4})):
+        r = c.post("/v1/indexes", headers=W, json={"name": name, "space": "c", "kind": kind, "params": params,
+                                                   "vectors": Z.tolist()})
+        assert r.status_code == 201, r.text
+    q = {"vectors": Z[:2].tolist(), "k": 3}
+    refused = [("kf", {"ef_search": 64}, "ef_search is an HNSW index's search option; index 'kf' is flat (it scores "
+                                         "every row: no option tunes it): leave ef_search out"),
+               ("kf", {"nprobe": 2}, "nprobe is an IVF index's search option; index 'kf' is flat"),
+               ("ki", {"ef_search": 64}, "index 'ki' is ivf (its search option is nprobe)"),
+               ("kh", {"nprobe": 2}, "index 'kh' is hnsw (its search option is ef_search)"),
+               ("kh", {"ef_search": 64, "exact": True}, "ef_search has no effect with exact"),
+               ("ki", {"nprobe": 2, "exact": True}, "nprobe has no effect with exact")]
+    for name, extra, words in refused:
+        r = c.post(f"/v1/indexes/{name}/search", headers=R, json={**q, **extra})
+        assert r.status_code == 422 and words in r.json()["error"]["message"], (name, extra, r.text)
+    for name, extra in (("kh", {"ef_search": 64}), ("ki", {"nprobe": 2}), ("kf", {"exact": True}), ("kf", {})):
+        r = c.post(f"/v1/indexes/{name}/search", headers=R, json={**q, **extra})
+        assert r.status_code == 200 and len(r.json()["results"]) == 2, (name, extra, r.text)
+
+
 def test_automatic_ids_count_up_past_a_deleted_largest_id_as_documented(api, capsys):
     """Automatic ids start one past the largest id the index ever held, so a deleted id is never handed out again
     (as in other vector databases: a client's stale id cannot name a new row). The OpenAPI schema and ``--help``
