@@ -36,7 +36,8 @@ class MigrationRequest(_Strict):
     source_space: Name | None = Field(None, description="Space of the source vectors (checked against the map's).")
     target_space: Name | None = Field(None, description="Space recorded on the target (default: the map's).")
     index: Literal["hnsw", "ivfflat", "none", "like"] | None = Field(
-        None, description="PostgreSQL: the target's index (default like: the source table's own, method and options).")
+        None, description="PostgreSQL: the target's index (default like: the source table's own, method and options). "
+                          "Milvus and Qdrant targets take the source's own index: another kind is refused (422).")
     id_field: str | None = None
     vector_field: str | None = None
     text_field: str | None = None

@@ -38,7 +38,8 @@ __all__ = ["migrate", "verify"]
 @click.option("--pause", type=FiniteRange(0), default=0.0, help="Seconds to sleep after each batch.")
 @click.option("--index", type=click.Choice(["hnsw", "ivfflat", "none", "like"]), default=None,
               help="PostgreSQL: index built on the target (default like: the source table's own index, its "
-                   "method and options, or none when the source has none).")
+                   "method and options, or none when the source has none). Milvus and Qdrant targets take the "
+                   "source's own index: only like is accepted there.")
 @click.option("--overwrite", is_flag=True,
               help="Drop an existing target before a fresh start (never when resuming, never one an alias serves).")
 @click.option("--source-space", default=None, help="Space of the source vectors (checked against the map's).")

@@ -20,7 +20,6 @@ query-side migration) through one :class:`SharedStore`; :mod:`service.ops.verify
 from __future__ import annotations
 
 import contextlib
-import inspect
 import shlex
 import signal
 import socket
@@ -53,6 +52,7 @@ from ..vectordb.holder import holder_gone
 from ..vectordb.keep import read_keep_ids, resume_words
 from ..vectordb.lost import lost_as_unavailable
 from ..vectordb.migrate import is_artifact_path
+from .migration_checks import check_index, check_names, check_source_fields, engine_defaults, resume_options
 
 __all__ = [
     "SharedStore",
@@ -81,7 +81,8 @@ def open_store_for(url: str, *, index: str | None = None, id_field: str | None =
     (:func:`service.vectordb.open_store`; the faces pass the ``vectordb_api_key`` / ``vectordb_ca_file`` settings).
 
     ``index``: ``hnsw`` | ``ivfflat`` | ``none`` | ``like`` (the migration source's own index), built on a
-    PostgreSQL target when it is finalised (ignored by Milvus and Qdrant, which index collections themselves).
+    PostgreSQL target when it is finalised (Milvus and Qdrant targets take the source's own: a migration refuses
+    another kind first, :func:`~service.ops.migration_checks.check_index`).
     """
     kw = {k: v for k, v in (("id_field", id_field), ("vector_field", vector_field), ("text_field", text_field))
           if v is not None}
@@ -211,21 +212,23 @@ def run_migration(*, store_url: str, source: str, target: str, map_ref, checkpoi
     """
     if pause < 0:
         raise InputError(f"pause must be >= 0, got {pause}")
+    json_fields = not space_option.startswith("--")  # a refusal names the request's fields, else the CLI's flags
+    check_names(source, target, json_fields=json_fields)
+    check_index(store_url, index, json_fields=json_fields)
     # the keep set's files (the CLI's), absolute, for the resume command; its digest is what a resume is checked by
     keep_files = {k: str(Path(v).resolve()) for k, v in (("keep_ids", keep_ids), ("keep_vectors", keep_vectors))
                   if isinstance(v, (str, Path))}
     keep_ids, keep_vectors = read_keep(keep_ids, keep_vectors, "keeping re-embedded rows")
+    fields = {"id_field": id_field, "vector_field": vector_field, "text_field": text_field}
     ckpt = FileCheckpoint(checkpoint, options={
-        "alias": alias, "index": index, "id_field": id_field, "vector_field": vector_field, "text_field": text_field,
-        "source_space": source_space, "target_space": target_space,
+        **resume_options(alias=alias, index=index, **fields, source_space=source_space, target_space=target_space),
         **_recorded_folders(data_dir, artifact_dir), "registry_url": _recorded_registry(registry_url), **keep_files},
-        json_fields=not space_option.startswith("--"))
-    store = open_store_for(store_url, index=index or "like", id_field=id_field, vector_field=vector_field,
-                           text_field=text_field, api_key=api_key, ca_file=ca_file)
+        json_fields=json_fields)
+    store = open_store_for(store_url, index=index or "like", **fields, api_key=api_key, ca_file=ca_file)
     # what each option left unset means on this engine: `--index like` recorded, a resume without --index is no
     # change. The engine's defaults, not this store's fields: those are this run's own options where it gave them,
     # so a field left unset by the first run and given by the resume compared equal, and the change went through
-    ckpt.resolve_options(index="like", **_engine_defaults(store))
+    ckpt.resolve_options(index="like", **engine_defaults(store))
 
     def on_batch(p: MigrationProgress) -> None:
         if progress is not None:
@@ -239,6 +242,8 @@ def run_migration(*, store_url: str, source: str, target: str, map_ref, checkpoi
         return stop.event.is_set() or (cancelled is not None and cancelled())
 
     try:  # the database gone mid-run: exit 75 (retry later), one line; was exit 3, "internal"
+        with lost_as_unavailable(store, "nothing was written: run the same command again"):
+            check_source_fields(store, source, fields, json_fields=json_fields)  # as a request checks it
         with stop, _CancelWatch(store, cancelled), lost_as_unavailable(
                 store, "every batch written so far is checkpointed: run the same command again to resume"):
             return migrate(store, source, target, map_ref, registry=registry, alias=alias, batch_size=batch_size,
@@ -265,13 +270,6 @@ def run_migration(*, store_url: str, source: str, target: str, map_ref, checkpoi
 #: what an HTTP client does where the CLI passes ``--checkpoint FILE``: a request's checkpoint is the data dir's default
 _HTTP_CKPT = ("migrate into another target name (a request's checkpoint is always the data dir's "
               "migrations/SOURCE-to-TARGET.json)")
-
-
-def _engine_defaults(store) -> dict:
-    """The field names ``store``'s engine uses when none is given (its constructor's defaults)."""
-    params = inspect.signature(type(store).__init__).parameters
-    return {k: params[k].default if k in params else getattr(type(store), k, None)
-            for k in ("id_field", "vector_field", "text_field")}
 
 
 def _recorded_folders(data_dir, artifact_dir) -> dict:

@@ -329,6 +329,13 @@ class VectorStore(ABC):
         """Fields of ``name`` a migration could not carry over (each with the reason); [] when all travel."""
         return []
 
+    def missing_fields(self, name: str) -> dict[str, str]:
+        """Which of the field names this store was opened with (``id_field``, ``vector_field``, ``text_field``)
+        collection ``name`` lacks, each with what it has instead (for a refusal); CollectionNotFoundError when there
+        is no such collection. A field the engine cannot tell about (a schemaless payload key) is never listed."""
+        self._require(name)
+        return {}
+
     @abstractmethod
     def drop(self, name: str) -> None:
         """Drop a collection if it exists."""

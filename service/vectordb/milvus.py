@@ -239,6 +239,18 @@ class MilvusStore(VectorStore):
                 out.append(f"{f['name']} (primary key of type {getattr(t, 'name', t)}; need INT64 or VARCHAR)")
         return out
 
+    def missing_fields(self, name: str) -> dict[str, str]:
+        described = self._describe(name)
+        names = [f["name"] for f in described["fields"]]
+        have = f"fields {', '.join(names)}"
+        key = next((f["name"] for f in described["fields"] if f.get("is_primary")), None)
+        out = {"id_field": f"primary key {key!r}"} if key != self.id_field else {}
+        if self.vector_field not in names:
+            out["vector_field"] = have
+        if self.text_field not in names and not described.get("enable_dynamic_field"):  # else a dynamic key, maybe
+            out["text_field"] = have + " (and no dynamic field)"
+        return out
+
     def drop(self, name: str) -> None:
         if self.exists(name):
             self.client.drop_collection(name)

@@ -273,6 +273,11 @@ class PgVectorStore(VectorStore):
                 return "halfvec"
         return "vector"
 
+    def missing_fields(self, name: str) -> dict[str, str]:
+        cols = [c[0] for c in self._columns(name)]
+        return {k: f"columns {', '.join(cols)}" for k in ("id_field", "vector_field", "text_field")
+                if getattr(self, k) not in cols}
+
     def _has_text(self, name: str) -> bool:
         return any(c[0] == self.text_field for c in self._columns(name))
 

@@ -215,6 +215,13 @@ class QdrantStore(VectorStore):
             raise VectorDBError(f"qdrant: collection {name!r} has one unnamed vector, not {self.vector_field!r}")
         return int(vectors.size)
 
+    def missing_fields(self, name: str) -> dict[str, str]:
+        vectors, _ = self._vectors_config(name)  # payload keys (the text) are schemaless: not told
+        if isinstance(vectors, dict):
+            have = f"named vectors {', '.join(sorted(vectors))}"
+            return {} if self.vector_field in vectors else {"vector_field": have}
+        return {} if self.vector_field is None else {"vector_field": "one unnamed vector (leave the vector field out)"}
+
     def unsupported_fields(self, name: str) -> list[str]:
         vectors, _ = self._vectors_config(name)
         out = [f"{k} (another named vector: a migration maps {self.vector_field!r} only)"

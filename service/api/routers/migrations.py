@@ -25,10 +25,13 @@ from ...ops.vectordb import (
     default_checkpoint,
     kept_by_migration,
     list_checkpoints,
+    open_store_for,
     run_migration,
 )
+from ...ops.migration_checks import check_index, check_names, check_resume, check_source_fields, resume_options
 from ...ops.verify import check_encoder_space, run_verify, verify_verdict
-from ...vectordb.base import check_name
+from ...vectordb.base import VectorDBUnavailableError, check_name
+from ...vectordb.lost import lost_as_unavailable
 from ...vectordb.keep import check_keep
 from ..codec import parse_json, validate, vectors_from_json
 from ..job_routes import job_route
@@ -50,10 +53,13 @@ reads it. `dry_run: true` makes every check a run makes, reads and maps one batc
 ones; the report counts `kept` and `keep_not_found`.
 
 Refused before a job exists: no vector database configured (503), an unknown map (404), a bad collection name
-or `keep` set (vectors not of the map's target width, NaN, an id twice, ids and rows of different counts: 422).
-Refusals that need the database (the source missing, an existing target without `overwrite`, a map of another
-space or dimension, a field that cannot travel, keep ids of another kind than the source's) end the job `failed`
-with the message; nothing is written.
+or `keep` set (vectors not of the map's target width, NaN, an id twice, ids and rows of different counts: 422),
+`target` equal to `source`, an `index` kind other than `like` on a Milvus or Qdrant store (their targets take the
+source's own index: 422); and, asking the database once, the source missing (404), an id, vector or (named) text
+field it lacks (422, naming the field; a Qdrant payload key cannot be told), a resume whose options differ from the
+unfinished run's (409, naming each field and its recorded value). Refusals that need more of the database (an
+existing target without `overwrite`, a map of another space or dimension, a field that cannot travel, keep ids of
+another kind than the source's) end the job `failed` with the message; nothing is written.
 """
 
 
@@ -66,10 +72,13 @@ def create_migration(body: bytes, request, state, settings):
     check_name(opts.source), check_name(opts.target)
     if opts.alias is not None:
         check_name(opts.alias, "alias")
+    check_names(opts.source, opts.target, json_fields=True)
+    check_index(url, opts.index, json_fields=True)
     v = state.registry.resolve(opts.map)  # 404 for an unknown map; pinned: an alias moving later changes nothing
     ref = f"{v.name}:{v.version}"
     # absolute, as GET /v1/migrations shows it (a relative data dir gave the job's result a relative one)
     checkpoint = default_checkpoint(settings.data_dir, opts.source, opts.target).resolve()
+    _check_store(url, settings, opts, checkpoint, v.target_space)
     keep_ids = keep_vectors = None
     if opts.keep is not None:
         keep_ids, keep_vectors = _keep(obj, opts, state.registry.load_map(ref).target_dim)
@@ -94,6 +103,29 @@ def create_migration(body: bytes, request, state, settings):
 
     what = "dry run of a migration" if opts.dry_run else "migrate"
     return job, f"{what} {opts.source} -> {opts.target} through {ref}"
+
+
+def _check_store(url: str, settings, opts, checkpoint, map_target_space: str | None) -> None:
+    """The refusals a migration makes at its start that the database answers at once, made now (as the CLI makes
+    them): the source missing (404), a field it lacks (422), a resume whose options differ from the unfinished run's
+    (409, naming the request's fields). A database that does not answer now is left to the job (it says so)."""
+    fields = {"id_field": opts.id_field, "vector_field": opts.vector_field, "text_field": opts.text_field}
+    try:
+        store = open_store_for(url, index=opts.index or "like", **fields, api_key=settings.vectordb_api_key,
+                               ca_file=settings.vectordb_ca_file)
+    except VectorDBUnavailableError:
+        return
+    try:
+        with lost_as_unavailable(store, "retry"):
+            check_source_fields(store, opts.source, fields, json_fields=True)
+            options = resume_options(alias=opts.alias, index=opts.index, **fields, source_space=opts.source_space,
+                                     target_space=opts.target_space)
+            check_resume(store, checkpoint, opts.source, options, map_target_space=map_target_space,
+                         json_fields=True)
+    except VectorDBUnavailableError:
+        return
+    finally:
+        store.close()
 
 
 def _keep(obj: dict, opts, dim: int) -> tuple:

@@ -147,15 +147,22 @@ def test_refusals_before_and_inside_the_job(world):
              ({"source": "h_src", "target": "x1", "map": "a2b", "batch_size": 0}, 422, "batch_size"),
              ({"source": "h_src", "target": "x1", "map": "a2b", "pause": 1e9}, 422, "pause"),
              ({"source": "h_src", "target": "x1", "map": "a2b", "store": "milvus://evil:1"}, 422, "store"),
-             ({"source": "h_src", "target": "x1", "map": "a2b", "index": "flat"}, 422, "index")]
+             ({"source": "h_src", "target": "x1", "map": "a2b", "index": "flat"}, 422, "index"),
+             # refused as the request comes (its job failed, or ran ignoring the option), naming the JSON field
+             ({"source": "h_src", "target": "h_src", "map": "a2b"}, 422, "target 'h_src' is the source"),
+             ({"source": "h_src", "target": "x1", "map": "a2b", "index": "hnsw"}, 422,
+              "index 'hnsw' is for a PostgreSQL target; a milvus target is made with the source collection's own"),
+             ({"source": "h_src", "target": "x1", "map": "a2b", "vector_field": "emb"}, 422,
+              "source 'h_src' has no vector field 'emb'; it has fields id, vector"),
+             ({"source": "h_src", "target": "x1", "map": "a2b", "id_field": "pk"}, 422,
+              "source 'h_src' has no id field 'pk'; it has primary key 'id': fix id_field"),
+             ({"source": "missing", "target": "x1", "map": "a2b"}, 404, "no collection")]
     for body, status, word in cases:
         r = c.post("/v1/migrations", json=body)
         assert r.status_code == status, (body, r.text)
         assert word is None or word in r.json()["error"]["message"], (body, r.text)
     assert c.post("/v1/migrations", json={"source": "h_src", "target": "x1", "map": "a2b"},
                   headers=R).status_code == 403  # a read-only key
-    job = wait_http_job(c, _post(world, source="missing", target="x1", map="a2b").json()["id"])
-    assert job["state"] == "failed" and "no source collection 'missing'" in job["error"]["message"]
     with open_store(world["url"]) as s:
         s.drop("h_taken")
         s.create("h_taken", 16)  # a collection no migration of this service made

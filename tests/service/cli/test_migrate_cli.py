@@ -509,7 +509,7 @@ def test_the_resume_command_of_a_killed_alias_run_keeps_its_options_and_switches
     assert "--store STORE " in command and "qdrant:" not in command, command
     # a resume that drops the run's --alias (or changes what it recorded) is refused, its checkpoint untouched: it
     # finished and said "finished" without ever switching the alias (a review's find)
-    dropped = vb(data, *common, "--target-space", "spb", "--index", "none", "--json")
+    dropped = vb(data, *common, "--target-space", "spb", "--index", "like", "--json")  # Qdrant's only kind
     assert dropped.returncode == 2 and "was started with other options: --alias 'docs_live9' (this run: None)" in (
         dropped.stderr), (dropped.returncode, dropped.stderr)
     assert "not finished, interrupted" in vb(data, *common, "--status").stdout
@@ -581,3 +581,31 @@ def test_a_reembed_verify_needs_no_registry_unless_the_collection_records_a_spac
     reg.close()
     p = vb(tmp_path / "var", *args)  # a registry naming the space's encoder: another one is still refused
     assert p.returncode == 2 and "records space 'e5', embedded by 'multilingual-e5-small'" in p.stderr, p.stderr
+
+
+def test_an_index_kind_a_qdrant_target_would_ignore_is_refused_naming_the_flag(world, vb):
+    """`--index hnsw` (or ivfflat, none) on a Qdrant or Milvus store was ignored: the target took the source's own
+    index and the run said nothing. It is refused (exit 2, one line naming --index), before anything is written;
+    `--index like` (what the engine does anyway) still runs."""
+    common = ["migrate", "--store", world["store"], "--source", "docs_a", "--map", "a2b@prod", "--quiet"]
+    for kind in ("hnsw", "ivfflat", "none"):
+        p = vb(world["data"], *common, "--target", "ix_told", "--index", kind)
+        lines = p.stderr.strip().splitlines()
+        assert p.returncode == 2 and len(lines) == 1, (kind, p.stderr)
+        assert f"--index '{kind}' is for a PostgreSQL target" in lines[0] and "qdrant" in lines[0], p.stderr
+    with _open(world) as s:
+        assert not s.exists("ix_told")
+    assert vb(world["data"], *common, "--target", "ix_like", "--index", "like").returncode == 0
+
+
+def test_a_source_as_its_own_target_or_a_vector_field_it_lacks_is_refused_naming_the_flag(world, vb):
+    """The same refusals a request gets before its job exists (one check): the source as its own target names
+    --target and --source; a vector field the source lacks names --vector-field and what the collection has."""
+    common = ["migrate", "--store", world["store"], "--source", "docs_a", "--map", "a2b@prod", "--quiet"]
+    p = vb(world["data"], *common, "--target", "docs_a")
+    assert p.returncode == 2 and "--target 'docs_a' is the --source" in p.stderr, p.stderr
+    p = vb(world["data"], *common, "--target", "vf_wrong", "--vector-field", "dense")
+    assert p.returncode == 2 and "has no vector field 'dense'" in p.stderr, p.stderr
+    assert "--vector-field" in p.stderr and "one unnamed vector" in p.stderr, p.stderr
+    with _open(world) as s:
+        assert not s.exists("vf_wrong")

@@ -208,8 +208,8 @@ def test_a_primary_key_not_named_id_is_refused_before_anything_is_written(milvus
             for extra in (["--dry-run"], []):
                 assert main(base + extra) == 2
                 err = capsys.readouterr().err
-                assert err == "vecbridge: error: milvus: the primary key of 'lc_src' is 'pk', not 'id'; pass " \
-                              "--id-field pk\n", err
+                assert err == "vecbridge: error: milvus: source 'lc_src' has no id field 'id' (the default); it " \
+                              "has primary key 'pk': name it with --id-field\n", err  # as a request's refusal
             assert not s.exists("lc_dst") and not (tmp_path / "migrations" / "lc_src-to-lc_dst.json").exists()
             assert main(base + ["--id-field", "pk"]) == 0
             assert s.count("lc_dst") == len(X)

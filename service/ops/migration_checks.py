@@ -1,0 +1,101 @@
+"""The refusals a migration can make before it starts, shared by ``vecbridge migrate`` (:func:`service.ops.vectordb.
+run_migration`) and ``POST /v1/migrations`` (the request, before a job exists).
+
+A request answered 202 whose job then failed on a check the request could have made (a resume with other options,
+the source as its own target, a field the source does not have, an ``index`` the engine ignores) told its client
+only by polling. Each check names the CLI's flag (``json_fields`` False) or the request's JSON field (True):
+
+- :func:`check_names`: the source is not the target;
+- :func:`check_index`: ``--index`` / ``index`` other than ``like`` is a PostgreSQL target's only (Milvus and Qdrant
+  targets take the source's own index: it was ignored there);
+- :func:`check_source_fields`: the source exists and has the id / vector fields (and a text field that was named);
+- :func:`check_resume`: a checkpoint of an unfinished run records the same options (what the CLI checked as it
+  loaded the checkpoint; the HTTP job checked it minutes later, so the route answered 202 and the job failed).
+"""
+
+from __future__ import annotations
+
+import inspect
+
+from align.exceptions import InputError
+
+from ..vectordb import FileCheckpoint, VectorStore
+
+__all__ = ["check_index", "check_names", "check_resume", "check_source_fields", "engine_defaults", "option_name",
+           "resume_options"]
+
+#: the fields a store is opened with, as the CLI and a request name them
+FIELDS = ("id_field", "vector_field", "text_field")
+
+
+def option_name(key: str, json_fields: bool) -> str:
+    """``--vector-field`` on the command line, ``vector_field`` in a request."""
+    return key if json_fields else "--" + key.replace("_", "-")
+
+
+def check_names(source: str, target: str, *, json_fields: bool = False) -> None:
+    """InputError when ``target`` is ``source``: a migration writes a new collection beside the source."""
+    if source == target:
+        raise InputError(f"{option_name('target', json_fields)} {target!r} is the {option_name('source', json_fields)}:"
+                         " a migration writes its rows into a new collection beside the source (then let "
+                         f"{option_name('alias', json_fields)} switch readers to it); name another target")
+
+
+def check_index(store_url: str, index: str | None, *, json_fields: bool = False) -> None:
+    """InputError for an index kind (``hnsw``, ``ivfflat``, ``none``) given for a store that is not PostgreSQL: Milvus
+    and Qdrant targets are made with the source's own index (its kind and build parameters), and the option was
+    ignored there. Refused rather than honoured: the source's index is the recall / speed trade-off its owner chose,
+    which the alias switch keeps; to change it, change the target's index after the migration."""
+    if index in (None, "like") or str(store_url).lower().startswith(("postgresql://", "postgres://")):
+        return
+    engine = str(store_url).split("://", 1)[0].split("+", 1)[0].lower()
+    opt = option_name("index", json_fields)
+    raise InputError(f"{opt} {index!r} is for a PostgreSQL target; a {engine} target is made with the source "
+                     f"collection's own index (its kind and build parameters, e.g. HNSW M / efConstruction), so "
+                     f"{opt} {index} would be ignored: leave {opt} out (or give like), and change the target's index "
+                     "after the migration if you want another")
+
+
+def check_source_fields(store: VectorStore, source: str, given: dict, *, json_fields: bool = False) -> None:
+    """The source exists (CollectionNotFoundError) and has the id and vector fields ``store`` was opened with, and the
+    text field where one was named (``given``: the options as the caller gave them; a default text field the source
+    lacks is a collection without texts): InputError naming the option and the fields the source has. A field the
+    engine cannot tell about (a Qdrant payload key) is not checked."""
+    missing = store.missing_fields(source)
+    for key in FIELDS:
+        if key not in missing or (key == "text_field" and given.get(key) is None):
+            continue
+        value = getattr(store, key)
+        what = key.replace("_", " ")
+        how = (f"name it with {option_name(key, json_fields)}" if given.get(key) is None else
+               f"fix {option_name(key, json_fields)}")
+        raise InputError(f"{store.engine}: source {source!r} has no {what} {value!r}"
+                         f"{' (the default)' if given.get(key) is None else ''}; it has {missing[key]}: {how}")
+
+
+def engine_defaults(store: VectorStore) -> dict:
+    """The field names ``store``'s engine uses when none is given (its constructor's defaults)."""
+    params = inspect.signature(type(store).__init__).parameters
+    return {k: params[k].default if k in params else getattr(type(store), k, None) for k in FIELDS}
+
+
+def resume_options(*, alias=None, index=None, id_field=None, vector_field=None, text_field=None, source_space=None,
+                   target_space=None) -> dict:
+    """The options a run records in its checkpoint that a resume must give again (compared by
+    :meth:`~service.vectordb.FileCheckpoint.load`)."""
+    return {"alias": alias, "index": index, "id_field": id_field, "vector_field": vector_field,
+            "text_field": text_field, "source_space": source_space, "target_space": target_space}
+
+
+def check_resume(store: VectorStore, checkpoint, source: str, options: dict, *, map_target_space: str | None,
+                 json_fields: bool = False) -> None:
+    """CheckpointMismatchError (409, exit 2) when the checkpoint file ``checkpoint`` is of an unfinished run given
+    other ``options`` (:func:`resume_options`), each compared as it resolves: an unset index is ``like``, an unset
+    field the engine's default, an unset space the map's target / the source's recorded one (as the run compares
+    them). No checkpoint, or a finished run's: nothing to compare."""
+    ckpt = FileCheckpoint(checkpoint, options=options, json_fields=json_fields)
+    if not ckpt.path.exists():
+        return
+    ckpt.resolve_options(index="like", **engine_defaults(store))
+    ckpt.resolve_options(target_space=map_target_space, source_space=store.get_space(source))
+    ckpt.load()
