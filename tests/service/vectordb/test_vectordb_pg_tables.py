@@ -366,3 +366,23 @@ def test_a_text_file_of_keep_ids_matches_text_ids_as_written(store, tmp_path):
                   keep_vectors=Y)
     assert rep.kept == 3 and rep.keep_not_found == 0
     np.testing.assert_allclose(store.fetch("t_dst", ["007", "+5", "10"]).vectors, Y, atol=1e-6)
+
+
+def test_a_text_or_vector_column_the_table_lacks_is_refused_naming_the_option(store, pg_url, tmp_path):  # noqa: F811
+    """``--text-field body`` on a table whose texts are in ``text`` migrated every row (exit 0) with the option
+    ignored: no column ``body``, so the run read no texts and carried ``text`` as an ordinary column. A text, vector
+    or id column the source lacks is refused before anything is written, naming the option and the columns there
+    are (the check an HTTP request gets before its job exists)."""
+    from service.ops.vectordb import run_migration
+
+    X, m = small_migration()
+    m.save(tmp_path / "m.npz")
+    _user_table(store, "t_src", "bigint", X, np.arange(len(X)))
+    for opts, words in (({"text_field": "body"}, "has no text field 'body'; it has columns id, embedding, text, title: "
+                                                 "fix --text-field"),
+                        ({"vector_field": "vec"}, "has no vector field 'vec'"),
+                        ({"id_field": "pk"}, "has no id field 'pk'")):
+        with pytest.raises(InputError, match=words):
+            run_migration(store_url=pg_url, source="t_src", target="t_dst", map_ref=str(tmp_path / "m.npz"),
+                          checkpoint=tmp_path / "c.json", **opts)
+        assert not store.exists("t_dst") and not (tmp_path / "c.json").exists()
