@@ -287,14 +287,32 @@ def canonical_name(name: str) -> str:
     return key
 
 
-def space_encoder(space: str, registered: str | None, encoder: str | None) -> str | None:
+def space_encoder(space: str, registered: str | None, encoder: str | None, *, remedy: str | None = None,
+                  collection: str | None = None) -> str | None:
     """The encoder that embeds texts for ``space``: ``registered`` (the space's), which ``encoder`` must name too
-    when given (InputError otherwise: another model's vectors of the same width would be taken for the space's
-    and find nothing), else ``encoder``; None when neither is known."""
-    if registered and encoder and canonical_name(encoder) != canonical_name(registered):
-        raise InputError(f"space {space!r} is embedded by {registered!r}; texts embedded by {encoder!r} would not "
-                         f"be comparable with its vectors (omit the encoder to use the space's)")
+    when given, else ``encoder``; None when neither is known. Another model than the space's is an InputError: its
+    vectors, of the same width, would be taken for the space's and find nothing. The one check of every face (fit,
+    transform, index, steer, ``embed --space``, verify): ``remedy`` is the caller's hint in the message, in its own
+    words (a CLI flag, an HTTP field; default: omit the encoder); ``collection`` names the collection that records
+    ``space`` (verify). An unknown ``encoder`` is UnknownEncoderError; a ``registered`` name this release does not
+    know is compared as written (another name is another model)."""
+    if registered and encoder:
+        name = canonical_name(encoder)
+        if name != _model(registered):
+            hint = remedy or "omit the encoder to use the space's"
+            lead = (f"collection {collection!r} records space {space!r}, embedded by {registered!r}:" if collection
+                    else f"space {space!r} is embedded by {registered!r};")
+            raise InputError(f"{lead} texts embedded by {name!r} would not be comparable with its vectors "
+                             f"({hint})")
     return encoder or registered
+
+
+def _model(name: str) -> str:
+    """``name`` canonical when this release knows it, else as written."""
+    try:
+        return canonical_name(name)
+    except UnknownEncoderError:
+        return name
 
 
 def canonical_names(names) -> list[str]:

@@ -68,7 +68,7 @@ def _check_space(obj: Ctx, space: str, enc) -> bool:
     encoder, or of none (vectors fitted from files: their model is unknown), is refused."""
     from align.exceptions import DimensionMismatchError, InputError
 
-    from ..encoders import UnknownEncoderError, canonical_name
+    from ..encoders import space_encoder
     from ..registry import NotFoundError
 
     try:
@@ -80,12 +80,6 @@ def _check_space(obj: Ctx, space: str, enc) -> bool:
     if not info.encoder:
         raise InputError(f"space {space!r} records no encoder; bind one with `vecbridge spaces add {space} --encoder "
                          f"{enc.name}` if {enc.name} embeds it")
-    try:
-        registered = canonical_name(info.encoder)
-    except UnknownEncoderError:
-        registered = info.encoder
-    if registered != enc.name:
-        raise InputError(f"space {space!r} is embedded by {info.encoder!r}; texts embedded by {enc.name!r} would not "
-                         f"be comparable with its vectors (embed them with --encoder {info.encoder}, or give another "
-                         f"--space)")
+    space_encoder(space, info.encoder, enc.name,
+                  remedy=f"embed them with --encoder {info.encoder}, or give another --space")
     return False

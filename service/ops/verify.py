@@ -11,11 +11,12 @@ both such callbacks.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 
 from align.exceptions import Cancelled, InputError
 
-from ..encoders import UnknownEncoderError, canonical_name, space_encoder
+from ..encoders import canonical_name, space_encoder
 from ..errors import NotFoundError
 from ..vectordb.lost import lost_as_unavailable
 from .vectordb import open_store_for, read_keep
@@ -23,13 +24,16 @@ from .vectordb import open_store_for, read_keep
 __all__ = ["check_encoder_space", "run_verify", "verify_verdict"]
 
 
-def check_encoder_space(registry, collection: str, recorded: str | None, encoder: str) -> None:
+def check_encoder_space(registry, collection: str, recorded: str | None, encoder: str, *,
+                        encoder_option: str = "--encoder") -> None:
     """InputError (422, exit 2) when ``collection`` records a space (``recorded``) whose registered encoder is not
-    ``encoder``: its texts re-embedded by another model are compared with vectors they can never match, and the
-    check said FAIL, blaming the migration (cosine 0.003). Nothing is known (no record, no registry, a space the
-    registry lacks, one with no encoder): the check runs as asked. ``registry`` may be a callable that opens it,
-    called only when ``collection`` records a space (the CLI's: a re-embed check never needed a registry, and a
-    data dir without one was refused, exit 2). A registry that cannot be read (its database down) is its error
+    ``encoder`` (:func:`service.encoders.space_encoder`, the check of every face): its texts re-embedded by another
+    model are compared with vectors they can never match, and the check said FAIL, blaming the migration (cosine
+    0.003). ``encoder_option``: how the face names the encoder (``--encoder``, HTTP's ``encoder``), for the
+    message. Nothing is known (no record, no registry, a space the registry lacks, one with no encoder or with one
+    this release does not know): the check runs as asked. ``registry`` may be a callable that opens it, called only
+    when ``collection`` records a space (the CLI's: a re-embed check never needed a registry, and a data dir
+    without one was refused, exit 2). A registry that cannot be read (its database down) is its error
     (RegistryUnavailableError: 503, exit 75), not a skipped check."""
     if not recorded or registry is None:
         return
@@ -39,17 +43,15 @@ def check_encoder_space(registry, collection: str, recorded: str | None, encoder
             return
     try:
         registered = registry.get_space(recorded).encoder
-    except NotFoundError:
+        if registered:
+            canonical_name(registered)
+    except NotFoundError:  # the space, or its encoder's name (UnknownEncoderError: a model this release does not know)
         return
-    try:
-        space_encoder(recorded, registered, encoder)
-    except UnknownEncoderError:  # the space names a model this release does not know: nothing to compare
-        return
-    except InputError:
-        raise InputError(f"collection {collection!r} records space {recorded!r}, embedded by {registered!r}: "
-                         f"texts re-embedded by {canonical_name(encoder)!r} would not be comparable with its vectors "
-                         "(every check would fail, whatever the migration did); verify with the space's encoder "
-                         f"({registered!r})") from None
+    said = (f"{encoder_option} {registered}" if encoder_option.startswith("--")
+            else f'"{encoder_option}": {json.dumps(registered)}')  # a CLI flag, or an HTTP request's field
+    space_encoder(recorded, registered, encoder, collection=collection,
+                  remedy=f"every check would fail, whatever the migration did; verify with the space's encoder: "
+                         f"{said}")
 
 
 def _reporter(progress: Callable[[str, float], None] | None, cancelled: Callable[[], bool] | None):
@@ -69,7 +71,8 @@ def run_verify(*, store_url: str, collection: str, encoder: str | None = None, h
                n_queries: int = 200, k: int = 10,
                random_state: int = 0, id_field: str | None = None, vector_field: str | None = None,
                text_field: str | None = None, source: str | None = None, api_key: str | None = None,
-               ca_file=None, source_space: str | None = None, space_option: str = "--source-space", keep_ids=None,
+               ca_file=None, source_space: str | None = None, space_option: str = "--source-space",
+               encoder_option: str = "--encoder", keep_ids=None,
                keep_vectors=None, spaces=None, progress: Callable[[str, float], None] | None = None,
                cancelled: Callable[[], bool] | None = None) -> dict:
     """Verify a migrated collection: re-embed its stored texts with ``encoder``, or compare a held-out
@@ -77,11 +80,12 @@ def run_verify(*, store_url: str, collection: str, encoder: str | None = None, h
     ``"START:STOP"``) through ``map_ref``; with ``source`` (and ``map_ref``) also check every row of the
     collection against ``map_ref(source row)`` (:func:`service.vectordb.check_rows`: missing, extra, wrong),
     once ``source``'s space is the map's (recorded, ``source_space``, or its rows: as a migration checks it;
-    ``space_option``: how the face declares ``source_space``, for the messages). ``keep_ids`` / ``keep_vectors``
-    (with ``source``; files or arrays, as :func:`run_migration` takes them): the rows that migration kept as
-    re-embedded, checked against their given vectors instead of the map's. ``registry``: also where the space the
-    collection records names its encoder (:func:`check_encoder_space`: another ``encoder`` is refused), unless
-    ``spaces`` gives that one (a registry, or a callable opening it only when the collection records a space).
+    ``space_option``: how the face declares ``source_space``, for the messages; ``encoder_option``: how it names
+    ``encoder``). ``keep_ids`` / ``keep_vectors`` (with ``source``; files or arrays, as :func:`run_migration`
+    takes them): the rows that migration kept as re-embedded, checked against their given vectors instead of the
+    map's. ``registry``: also where the space the collection records names its encoder (:func:`check_encoder_space`:
+    another ``encoder`` is refused), unless ``spaces`` gives that one (a registry, or a callable opening it only
+    when the collection records a space).
     ``progress`` / ``cancelled``: see the module docs."""
     from ..vectordb import check_rows, verify_migration
 
@@ -121,7 +125,7 @@ def run_verify(*, store_url: str, collection: str, encoder: str | None = None, h
             out = {"mode": "rows"}
             if embed is not None:
                 check_encoder_space(registry if spaces is None else spaces, collection, store.get_space(collection),
-                                    encoder)
+                                    encoder, encoder_option=encoder_option)
             if embed is not None or X_Y is not None:
                 out = verify_migration(store, collection, embed=embed, heldout=X_Y, map_=map_ref, registry=registry,
                                        n_sample=n_sample, n_queries=n_queries, db_queries=n_queries, k=k,

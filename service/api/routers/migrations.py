@@ -184,7 +184,8 @@ def create_verification(body: bytes, request, state, settings):
         raise InputError("min_recall gates the recall of the encoder check; source alone checks rows, not recall")
     encoder = None if opts.encoder is None else canonical_name(opts.encoder)  # 404 for an unknown encoder
     if encoder is not None and state.vectordb is not None:  # another model than the space's: 422 now (one read)
-        check_encoder_space(state.registry, opts.collection, _recorded_space(state, opts.collection), encoder)
+        check_encoder_space(state.registry, opts.collection, _recorded_space(state, opts.collection), encoder,
+                            encoder_option="encoder")
     ref = None
     if opts.source is not None:
         check_name(opts.source)
@@ -203,7 +204,7 @@ def create_verification(body: bytes, request, state, settings):
                          n_sample=opts.n_sample, n_queries=opts.queries,
                          k=opts.k, random_state=opts.random_state, id_field=opts.id_field,
                          vector_field=opts.vector_field, text_field=opts.text_field, source=opts.source,
-                         source_space=opts.source_space, space_option="source_space",
+                         source_space=opts.source_space, space_option="source_space", encoder_option="encoder",
                          api_key=settings.vectordb_api_key, ca_file=settings.vectordb_ca_file, keep_ids=keep_ids,
                          keep_vectors=keep_vectors)
         kept = None if opts.source is None else kept_by_migration(settings.data_dir, opts.source, opts.collection)

@@ -104,6 +104,39 @@ def test_verify_refuses_an_encoder_other_than_the_spaces(qstore, monkeypatch):
         ov.run_verify(store_url="qdrant://unused", collection="c", encoder="all-MiniLM-L6-v2", registry=registry)
 
 
+def test_the_encoder_check_is_one_and_says_each_faces_fix():
+    """verify, embed --space and the other faces (fit, transform, index, steer) each had a copy of the check that
+    texts are embedded by the space's own model: one (service.encoders.space_encoder) now, its refusal worded alike
+    ("texts embedded by X would not be comparable with its vectors") and ending on the caller's fix: verify names
+    the flag (--encoder NAME) on the command line and the request's field ("encoder") over HTTP. A space registered
+    with a model this release does not know: another model is refused by name (it was a 404 "unknown encoder" for
+    the space's own name); verify runs as asked there (it cannot know the model is another one)."""
+    from service.encoders import UnknownEncoderError, space_encoder
+    from service.ops.verify import check_encoder_space
+
+    e5 = SimpleNamespace(get_space=lambda name: SimpleNamespace(encoder="multilingual-e5-small"))
+    for option, fix in (("--encoder", "verify with the space's encoder: --encoder multilingual-e5-small)"),
+                        ("encoder", 'verify with the space\'s encoder: "encoder": "multilingual-e5-small")')):
+        with pytest.raises(InputError) as e:
+            check_encoder_space(e5, "c", "e5", "all-MiniLM-L6-v2", encoder_option=option)
+        assert str(e.value) == ("collection 'c' records space 'e5', embedded by 'multilingual-e5-small': texts "
+                                "embedded by 'all-MiniLM-L6-v2' would not be comparable with its vectors (every check "
+                                "would fail, whatever the migration did; " + fix), str(e.value)
+    check_encoder_space(e5, "c", "e5", "multilingual-e5-small", encoder_option="encoder")  # the space's own: passes
+    assert space_encoder("s", "all-MiniLM-L6-v2", "minilm") == "minilm"
+    assert space_encoder("s", "all-MiniLM-L6-v2", None) == "all-MiniLM-L6-v2"
+    with pytest.raises(InputError, match=r"^space 's' is embedded by 'all-MiniLM-L6-v2'; texts embedded by "
+                                         r"'multilingual-e5-small' would not be comparable with its vectors "
+                                         r"\(omit the encoder to use the space's\)$"):
+        space_encoder("s", "all-MiniLM-L6-v2", "e5")
+    with pytest.raises(InputError, match=r"embedded by 'their-model'; .* \(give --encoder their-model\)$"):
+        space_encoder("s", "their-model", "minilm", remedy="give --encoder their-model")
+    with pytest.raises(UnknownEncoderError, match="unknown encoder 'nope'"):  # an unknown name given: still a 404
+        space_encoder("s", "all-MiniLM-L6-v2", "nope")
+    theirs = SimpleNamespace(get_space=lambda name: SimpleNamespace(encoder="their-model"))
+    check_encoder_space(theirs, "c", "t", "all-MiniLM-L6-v2")  # unknown to this release: runs as asked
+
+
 class _Unclosed:
     """``store`` whose close() does nothing (the fixture closes it)."""
 
