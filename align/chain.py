@@ -38,9 +38,9 @@ def map_kind(map_) -> str:
 
 
 def check_map(obj, what: str):
-    """``obj`` when it is a map of any kind (LinearMap, ClusterMap, MapChain: ``apply`` / ``_apply``, both widths
-    and a target frame, what the chains and the metrics use), else InputError starting with ``what``."""
-    if not all(hasattr(obj, a) for a in ("apply", "_apply", "source_dim", "target_dim", "target_frame")):
+    """``obj`` when it is a map of any kind (LinearMap, ClusterMap, MapChain: ``apply``, both widths and a target
+    frame, what the chains and the metrics use), else InputError starting with ``what``."""
+    if not all(hasattr(obj, a) for a in ("apply", "source_dim", "target_dim", "target_frame")):
         raise InputError(f"{what} (LinearMap, ClusterMap, MapChain), got {type(obj).__name__}")
     return obj
 
@@ -124,10 +124,6 @@ class MapChain(NonLinearAlgebra, StoredMap):
 
     def __repr__(self) -> str:
         return f"MapChain({' -> '.join(f'{map_kind(s)}({s.source_dim}->{s.target_dim})' for s in self.steps)})"
-
-    def _apply(self, X: np.ndarray, *, output: str = "frame", batch_size: int = 65536) -> np.ndarray:
-        """:meth:`apply` of checked float32 rows, as :meth:`LinearMap._apply` (what the metrics call)."""
-        return self.apply(X, output=output, batch_size=batch_size, validate=False)
 
     def apply(self, X, *, output: str = "raw", batch_size: int = 65536, validate: bool = True,
               name: str = "X") -> np.ndarray:

@@ -209,7 +209,7 @@ class ClusterMap(NonLinearAlgebra, StoredMap):
                 top, w = self._route_scores((K[:, 1:] / n1[:, None] - p["mu_c"]) / sc[:, None])
                 r, shift = 1.0 / (n1 * sc), -1.0 / sc
             else:
-                x = p["fs"]._apply(X[s : s + step])
+                x = p["fs"].apply(X[s : s + step], validate=False)
                 top, w = self._route_scores(x @ p["centroids"].T)
                 r, shift = np.ones(x.shape[0]), np.zeros(x.shape[0])
             n, m = top.shape

@@ -354,7 +354,7 @@ class LinearMap(StoredMap):
         """
         ft = p["ft"]
         if p["copy_frame"]:
-            x = p["fs"]._apply(x)
+            x = p["fs"].apply(x, validate=False)
             sq = np.einsum("ij,ij->i", x, x)
         m = x.shape[0]
         scale, beta, gamma, shift, alpha, u_mut = self._terms(p,

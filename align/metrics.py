@@ -179,8 +179,9 @@ def evaluate(map_: LinearMap | ClusterMap | MapChain, X_src, Y_tgt, *, ks=(1, 5,
         raise TooFewRowsError(f"evaluate needs at least 2 distinct held-out pairs, got {n}: among one candidate "
                               "every map ranks its partner first (top-1 1.0)")
     rows = query_sample(n, max_queries, random_state)
-    Q_all = check_no_zero_rows(unit_rows(map_._apply(X, output="linear")), name="mapped X_src", why=_ZERO_MAPPED)
-    D = unit_rows(map_.target_frame._apply(Y))
+    Q_all = check_no_zero_rows(unit_rows(map_.apply(X, output="linear", validate=False)), name="mapped X_src",
+                               why=_ZERO_MAPPED)
+    D = unit_rows(map_.target_frame.apply(Y, validate=False))
     Q = Q_all if rows is None else Q_all[rows]
     r = ranks(Q, D, cols=rows, block_size=block_size)
     out = {
@@ -256,9 +257,9 @@ def cross_val_top1(X_src, Y_tgt, fit, *, folds: int = 5, max_pool: int = 1000, m
         m = fit(X[train], Y[train])
         check_map(m, "fit must return a map")  # None was an AttributeError
         for chunk in np.array_split(part, -(-part.size // max_pool)):
-            Q = check_no_zero_rows(unit_rows(m._apply(X[chunk], output="linear")), name="mapped X_src",
+            Q = check_no_zero_rows(unit_rows(m.apply(X[chunk], output="linear", validate=False)), name="mapped X_src",
                                    why=_ZERO_MAPPED)
-            D = unit_rows(m.target_frame._apply(Y[chunk]))
+            D = unit_rows(m.target_frame.apply(Y[chunk], validate=False))
             hits += int((ranks(Q, D) == 1).sum())
             pools += [chunk.size] * chunk.size
     return {"top1": hits / rows.size, "n_candidates": round(float(np.mean(pools))), "folds": int(folds),

@@ -113,7 +113,8 @@ def score_map(map_: LinearMap | ClusterMap | MapChain, X_src, Y_tgt, *, k: int =
     check_rankable(Y, name="Y_tgt")
     X, Y, repeated = distinct_pairs(X, Y)
     rows = query_sample(X.shape[0], max_queries, random_state)
-    M = check_not_collapsed(map_._apply(X, output="raw"), name="mapped X_src")  # else corpus-side recall 1.0
+    M = check_not_collapsed(map_.apply(X, output="raw", validate=False),
+                            name="mapped X_src")  # else corpus-side recall 1.0
     out = {**pair_retrieval_scores(M, unit_rows(Y), k=k, rows=rows), "n_repeated": repeated}
     # @k needs k other rows besides the query (and its relevant one): on fewer the figures were of a smaller k under
     # the @k name (3 pairs: nn_retention@10 was @1); undefined instead, as on 2 pairs
@@ -215,8 +216,8 @@ class _Problem:
         fx, fy = (X, Y) if frame_rows is None else (X[frame_rows], Y[frame_rows])
         self.fs, self.ft = _frame_of(fx, Us), _frame_of(fy, Ut)
         self.X, self.Y, self.Us, self.Ut = X, Y, Us, Ut
-        self.Xf = self.fs._apply(X)
-        self.Yc = self.ft._apply(Y)
+        self.Xf = self.fs.apply(X, validate=False)
+        self.Yc = self.ft.apply(Y, validate=False)
         self.T = unit_rows(Y)
         self.Us_sample = self.Ut_sample = None
         self.report = lambda stage, fraction: None  # fit_migration's progress(stage, fraction)
@@ -226,12 +227,12 @@ class _Problem:
     def Uf(self) -> np.ndarray | None:
         """The unpaired source rows in the source frame (m, d_s), on first use: only the hard negatives and the
         cluster routing read them, and the migration plan's corpus (millions of rows) never needs a copy."""
-        return None if self.Us is None else self.fs._apply(self.Us)
+        return None if self.Us is None else self.fs.apply(self.Us, validate=False)
 
     @functools.cached_property
     def Uc(self) -> np.ndarray | None:
         """The unpaired target rows in the target frame, on first use (as :attr:`Uf`)."""
-        return None if self.Ut is None else self.ft._apply(self.Ut)
+        return None if self.Ut is None else self.ft.apply(self.Ut, validate=False)
 
     def distractors(self, rng, n: int = _N_DISTRACTORS) -> None:
         """Sample up to ``n`` unpaired rows per side to compete in held-out rankings."""
@@ -421,8 +422,8 @@ def _score(P: _Problem, m: LinearMap, val, *, retention: bool = False, again: bo
     """Held-out scores; the unpaired rows (a sample) compete as the rest of the corpus / index. Each map scored
     counts in ``P.n_scored`` (``again``: a map scored before): the best of that many is chosen on these rows."""
     P.n_scored += 0 if again else 1
-    extra_M = None if P.Us_sample is None else m._apply(P.Us_sample, output="raw")
-    M = m._apply(P.X[val], output="raw")
+    extra_M = None if P.Us_sample is None else m.apply(P.Us_sample, output="raw", validate=False)
+    M = m.apply(P.X[val], output="raw", validate=False)
     out = pair_retrieval_scores(M, P.T[val], extra_M=extra_M, extra_T=P.Ut_sample, retention=retention)
     if collapsed(M):  # every held-out row mapped to one vector: each corpus-side rank tied with all, counted a hit
         out.update({key: 0.0 for key in out if key.startswith("corpus_")}, score=0.0, collapsed=True)

@@ -99,7 +99,7 @@ def _init_identity(est, Xs, Yt, rng, progress):
 def _framed(frame: Frame, A: np.ndarray, rows: np.ndarray) -> np.ndarray:
     """``frame`` applied to the rows ``rows`` (sorted, unique) of ``A``; a frame works row by row, so
     framing the needed rows of a million is the same as framing all and keeping them, at their cost."""
-    return frame._apply(A if rows.size == A.shape[0] else A[rows])
+    return frame.apply(A if rows.size == A.shape[0] else A[rows], validate=False)
 
 
 class MiniVec2Vec(Estimator):
@@ -412,7 +412,8 @@ class MiniVec2Vec(Estimator):
         Xs, Yt = _framed(fs, X, fit_s), _framed(ft, Y, fit_t)
         Xj = Xs if judge_s is fit_s else _framed(fs, X, judge_s)
         Yj = Yt if judge_t is fit_t else _framed(ft, Y, judge_t)
-        seed_rows = (fs._apply(X[seeds[0]]), ft._apply(Y[seeds[1]])) if seeded else None
+        seed_rows = ((fs.apply(X[seeds[0]], validate=False), ft.apply(Y[seeds[1]], validate=False)) if seeded
+                     else None)
         timings["frames"] = time.perf_counter() - t0
 
         runs = []

@@ -60,7 +60,7 @@ def knn_overlap(A, B, *, k: int = 10, beyond_chance: bool = False) -> float:
                               + (f"lower k to at most {n - 2} or give more rows" if n >= 3 else "give more rows"))
     check_rankable(A, name="A")  # all-zero or constant rows: every neighbourhood a tie, overlap 1.0
     check_rankable(B, name="B")
-    Za, Zb = Frame._fit(A)._apply(A), Frame._fit(B)._apply(B)
+    Za, Zb = Frame._fit(A).apply(A, validate=False), Frame._fit(B).apply(B, validate=False)
     overlap = overlap_without_self(knn(Za, Za, k + 1)[1], knn(Zb, Zb, k + 1)[1], k)
     return _beyond_chance(overlap, k, A.shape[0]) if beyond_chance else overlap
 
@@ -207,7 +207,7 @@ class LabelledProbe:
         starts, rows = _kept_blocks(corpus, keep)
 
         def mapped(b) -> np.ndarray:
-            return unit_rows(fitted._apply(val_rows if b is None else rows(b), output="raw"))
+            return unit_rows(fitted.apply(val_rows if b is None else rows(b), output="raw", validate=False))
 
         _, I = knn_blocks(self.Q, [None, *starts], 10, open_block=mapped)
         self.last_hits = (I == self.local[:, None]).any(axis=1)
@@ -469,8 +469,8 @@ def plan_migration(X_old, probe_src, probe_tgt, *, random_state=0, target_retent
                 idx = np.sort(rng.permutation(pool)[:k]) if k < top else np.sort(pool)
                 fitted = _fit_procrustes(P, idx, {}) if m == "procrustes" else _ridge(P, idx, 1e-2)
                 if lab is None:
-                    vals.append(nn_retention(T_val, fitted._apply(A[val], output="raw"),
-                                             extra_M=fitted._apply(extra, output="raw")))
+                    vals.append(nn_retention(T_val, fitted.apply(A[val], output="raw", validate=False),
+                                             extra_M=fitted.apply(extra, output="raw", validate=False)))
                 else:
                     vals.append(lab.estimate(fitted, A[val], extra, others))
                 done += 1

@@ -163,7 +163,7 @@ def unpaired_share(fit, A, B, *, random_state=0, folds: int = UNPAIRED_FOLDS, sp
     lower = 0
     for _ in range(splits):
         for test in np.array_split(rng.permutation(p), folds):
-            Z = unit_rows(fit(np.setdiff1d(np.arange(p), test))._apply(A[test], output="raw"))
+            Z = unit_rows(fit(np.setdiff1d(np.arange(p), test)).apply(A[test], output="raw", validate=False))
             S = Z @ T.T
             above = (S > S[np.arange(test.size), test][:, None]).sum(axis=1)  # candidates ranked above the partner
             lower += int((above / max(p - 1, 1) > 0.5).sum())

@@ -359,7 +359,8 @@ def pair_stats(X: np.ndarray, Y: np.ndarray, frames: tuple[Frame, Frame], *, chu
         raise DimensionMismatchError(f"rows are {X.shape[1]}->{Y.shape[1]}, the frames {fs.dim}->{ft.dim}")
     stats = None
     for s in range(0, X.shape[0], chunk_size):
-        part = PairStats.from_arrays(fs._apply(X[s : s + chunk_size]), ft._apply(Y[s : s + chunk_size]))
+        part = PairStats.from_arrays(fs.apply(X[s : s + chunk_size], validate=False),
+                                    ft.apply(Y[s : s + chunk_size], validate=False))
         if stats is None:
             stats = part
         else:
