@@ -5,7 +5,8 @@ A side is a matrix ``X`` (n, d) of its space's width, or n texts with an encoder
 texts into ``X = encoder.encode(texts)`` (n, d) float32. :func:`embed` returns ``X`` (n, d_model), or
 ``X H`` (n, d_target) with ``H`` the map (or composed path of maps) from the model's space into the target space:
 the registry's path, or the one the request pins (``map_ref``, checked hop by hop as a search's is).
-:func:`embed_file` (``vecbridge embed``) writes a text file's embeddings, chunk by chunk through :func:`embed`.
+:func:`embed_file` (``vecbridge embed``) writes a text file's embeddings, chunk by chunk, by the step :func:`embed`
+encodes with (:func:`encode_texts`): the same rows as ``POST /v1/embeddings`` without a ``target_space``.
 """
 
 from __future__ import annotations
@@ -20,12 +21,13 @@ import align
 from align.exceptions import DimensionMismatchError, EmptyInputError, InputError
 from align.validation import as_matrix
 
+from .. import encoders
 from ..encoders import UnknownEncoderError, check_texts, space_encoder
 from ..errors import ConflictError
 from ..progress import Progress, silent
 from ..registry import NotFoundError
 
-__all__ = ["FitSide", "check_pairs", "count_cut", "embed", "embed_file", "embed_side", "fit_side"]
+__all__ = ["FitSide", "check_pairs", "count_cut", "embed", "embed_file", "embed_side", "encode_texts", "fit_side"]
 
 
 @dataclass
@@ -173,22 +175,16 @@ def embed(services, model: str, texts: list[str], *, kind: str = "passage", targ
             raise InputError(f"dimensions={dimensions} is not supported: space {target_space!r} is "
                              f"{width}-d; omit `dimensions` or pass {width}")
     cut = count_cut(enc, texts, truncate=truncate)
-    X = np.asarray(enc.encode(texts, kind=kind), dtype=np.float32)
+    X = encode_texts(enc, texts, kind=kind)
     if tr is not None and tr.map is not None:
         X = tr.map.apply(X, output="raw", validate=False)
     return X, tr, cut
 
 
-class _ProcessEncoders:
-    """The ``services`` of :func:`embed` outside the server (``vecbridge embed``): this process's encoder cache
-    (:func:`service.encoders.get_encoder`, as :meth:`service.api.state.AppState.encoder`); no registry, so no
-    ``target_space``."""
-
-    @staticmethod
-    def encoder(name: str):
-        from .. import encoders  # looked up when called: the one loader (a test replaces it there)
-
-        return encoders.get_encoder(name)
+def encode_texts(enc, texts: list[str], *, kind: str = "passage") -> np.ndarray:
+    """``texts`` embedded by the loaded encoder ``enc`` as ``kind``: float32 (n, dim), the step :func:`embed`
+    (``POST /v1/embeddings``) and :func:`embed_file` (``vecbridge embed``) share."""
+    return np.asarray(enc.encode(texts, kind=kind), dtype=np.float32)
 
 
 def embed_file(inp, out, *, encoder: str, kind: str = "passage", rows=None, text_field: str = "text",
@@ -197,7 +193,7 @@ def embed_file(inp, out, *, encoder: str, kind: str = "passage", rows=None, text
     """Embed the texts of file ``inp`` (.txt one per line, .jsonl ``text_field``, .json a list of strings; ``rows``
     ``"START:STOP"`` or row indices, in that order) with ``encoder`` as ``kind`` (``passage`` or ``query``: e5's
     prefixes) into ``out`` (.npy, .fvecs, .parquet: float32 unit rows, row i = the i-th text selected),
-    ``chunk_rows`` texts at a time through :func:`embed`, the path of ``POST /v1/embeddings``. The encoder is
+    ``chunk_rows`` texts at a time through :func:`encode_texts`, as ``POST /v1/embeddings`` encodes. The encoder is
     loaded and every selected text checked before anything is embedded; ``out`` appears complete or not at all.
     ``progress`` reports ``("embed", texts done / texts)``; ``ready(encoder)``, called once the encoder is loaded and
     the texts checked, before anything is embedded or written, may refuse by raising (``embed --space``'s registry
@@ -217,7 +213,9 @@ def embed_file(inp, out, *, encoder: str, kind: str = "passage", rows=None, text
     if not is_text_path(inp):
         raise InputError(f"{Path(inp).name}: embed reads texts ({', '.join(TEXT_SUFFIXES)}); vectors are embedded "
                          f"already")
-    enc = _ProcessEncoders.encoder(encoder)  # unknown (naming the known ones) or not installed: before any reading
+    # the one loader, looked up when called (a test replaces it): an unknown encoder (naming the known ones) or one
+    # not installed is refused before any reading
+    enc = encoders.get_encoder(encoder)
     texts = read_texts(inp, rows=rows, text_field=text_field)  # each checked: one without text is refused here
     if not texts:
         raise EmptyInputError(f"{Path(inp).name}: no texts to embed")
@@ -228,8 +226,8 @@ def embed_file(inp, out, *, encoder: str, kind: str = "passage", rows=None, text
     cut = 0
     with MappedWriter(inp, out, dim=enc.dim, n_rows=len(texts), batch_rows=chunk_rows) as w:
         for s in range(0, len(texts), chunk_rows):
-            X, _, n_cut = embed(_ProcessEncoders, enc.name, texts[s : s + chunk_rows], kind=kind)
-            cut += n_cut
+            X = encode_texts(enc, texts[s : s + chunk_rows], kind=kind)
+            cut += count_cut(enc, texts[s : s + chunk_rows])
             w.write(X)
             say("embed", min(1.0, (s + chunk_rows) / len(texts)))
     return {"encoder": enc.name, "kind": kind, "rows": len(texts), "dim": enc.dim, "out": str(Path(out).resolve()),
