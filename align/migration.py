@@ -34,10 +34,11 @@ the target mean back:
   ``why_chosen``; a candidate's cosine is ``cos_raw``: of the raw output with the native target rows).
 
 ``semi_supervised="sinkhorn"`` then refines an orthogonal map with the unpaired rows
-(:func:`align.semisup.sinkhorn_refine_map`; needs both unpaired sets): procrustes only; a chosen affine
-family is left as fitted, ``metadata["semi_supervised"]["applied"]`` False with its ``why``. ``auto`` then leaves
-``cluster`` out of its candidates (``selection["not_tried"]`` says so, and ``note`` where ``candidates`` were
-given); ``candidates=["cluster"]`` is an InputError.
+(:func:`align.semisup.sinkhorn_refine_map`; needs both unpaired sets): procrustes only; an affine family
+``auto`` chooses over procrustes is left as fitted, ``metadata["semi_supervised"]["applied"]`` False with its
+``why``. ``auto`` then leaves ``cluster`` out of its candidates (``selection["not_tried"]`` says so, and ``note``
+where ``candidates`` were given). What it could never refine is an InputError: another ``method`` than
+``procrustes`` or ``auto``, and ``candidates`` without procrustes (``["cluster"]``, ``["ridge", "contrastive"]``).
 
 - ``"cluster"``: per-cluster local maps (:mod:`align.cluster`): k-means routing on the framed
   source rows (pairs + unpaired, ``random_state``), one affine map per cluster fitted as a ridge
@@ -398,12 +399,15 @@ def check_options(method: str, options: dict, n_pairs: int | None = None,
         cluster_grid(options, 1 << 62, dims=dims, required=only)
     if (method == "auto" and "contrastive" in candidates) or method == "contrastive":
         _contrastive_config(options)
-    if options.get("semi_supervised") and method in ("cluster", "contrastive"):  # contrastive: never refined
+    if options.get("semi_supervised") and method not in ("auto", "procrustes"):  # ridge, lowrank: never refined
         raise InputError(f"semi_supervised refinement needs an orthogonal map (procrustes); it cannot follow "
                          f"method={method!r}")
     if options.get("semi_supervised") and method == "auto" and set(candidates) == {"cluster"}:  # procrustes was fit
         raise InputError(_SEMI_REFINES + " candidates=['cluster'] leave auto nothing to fit: give candidates with "
                          "procrustes, or drop semi_supervised")
+    if options.get("semi_supervised") and method == "auto" and "procrustes" not in candidates:  # as cluster alone
+        raise InputError(_SEMI_REFINES + f" candidates={list(candidates)} hold no procrustes, so no map auto could "
+                         "choose would be refined: add procrustes to them, or drop semi_supervised")
     _check_holdout(options.get("holdout", 0.2), options.get("max_holdout", 1000))
     if dims is not None and "rank" in options and options["rank"] > min(dims):
         raise InputError(f"rank must be in [1, {min(dims)}] (the narrower side is {min(dims)}-d), "

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -701,10 +703,10 @@ def test_semi_supervised_auto_restricted_to_cluster_is_refused_not_fitted_as_pro
 
 def test_semi_supervised_auto_says_cluster_was_not_tried_and_why_the_family_was_chosen():
     X, Y, Us, Ut = _semi_data()
-    m = align.fit_migration(X, Y, method="auto", candidates=["ridge", "cluster"], semi_supervised="sinkhorn",
+    m = align.fit_migration(X, Y, method="auto", candidates=["procrustes", "cluster"], semi_supervised="sinkhorn",
                             unpaired_source=Us, unpaired_target=Ut)
     sel = m.metadata["selection"]
-    assert m.metadata["method"] == sel["chosen"] == "ridge" and set(sel["candidates"]) == {"ridge"}
+    assert m.metadata["method"] == sel["chosen"] == "procrustes" and set(sel["candidates"]) == {"procrustes"}
     assert "semi_supervised" in sel["not_tried"]["cluster"] and "cluster not tried" in sel["note"]
     assert sel["why_chosen"] == "the only candidate fitted"
     both = align.fit_migration(X, Y, method="auto", candidates=["procrustes", "ridge"])
@@ -712,6 +714,29 @@ def test_semi_supervised_auto_says_cluster_was_not_tried_and_why_the_family_was_
     assert both.metadata["selection"]["why_chosen"] == "the best held-out score of 2 candidates"
     one = align.fit_migration(X, Y, method="ridge")
     assert one.metadata["selection"]["why_chosen"] == "method='ridge' was asked for"
+
+
+def test_semi_supervised_with_nothing_it_could_refine_is_refused_naming_what_was_asked():
+    """auto over candidates without procrustes (ridge, contrastive) and method ridge or lowrank took
+    semi_supervised, fitted, and returned the map unrefined (applied False in its metadata only), where cluster alone
+    and method contrastive were refused: each is refused before any fit now, naming the candidates or the method.
+    With procrustes among the candidates auto fits as before (the refinement follows procrustes when it wins)."""
+    X, Y, Us, Ut = _semi_data()
+    for method, cands in (("auto", ["ridge", "contrastive"]), ("auto", ["contrastive"]), ("auto", "lowrank,ridge")):
+        want = "candidates=" + re.escape(repr(list(cands) if isinstance(cands, list) else cands.split(","))) + \
+            " hold no procrustes"
+        with pytest.raises(InputError, match=want):
+            align.fit_migration(X, Y, method=method, candidates=cands, semi_supervised="sinkhorn",
+                                unpaired_source=Us, unpaired_target=Ut)
+        with pytest.raises(InputError, match=want):  # what the service calls when a fit is requested
+            align.migration.check_options(method, {"candidates": cands, "semi_supervised": "sinkhorn"})
+    for method in ("ridge", "lowrank", "contrastive", "cluster"):
+        with pytest.raises(InputError, match=f"it cannot follow method='{method}'"):
+            align.fit_migration(X, Y, method=method, semi_supervised="sinkhorn", unpaired_source=Us,
+                                unpaired_target=Ut)
+    m = align.fit_migration(X, Y, method="auto", candidates=["procrustes", "ridge"], semi_supervised="sinkhorn",
+                            unpaired_source=Us, unpaired_target=Ut)
+    assert m.metadata["method"] == "procrustes" and m.metadata["semi_supervised"]["applied"] is True, m.metadata
 
 
 def test_a_candidates_cosine_is_named_as_of_the_raw_output():

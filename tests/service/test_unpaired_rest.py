@@ -95,10 +95,11 @@ BOTH = ("--unpaired-source", "{d}/old.npy", "--unpaired-source-rows", "200:900",
 
 
 def test_semi_supervised_that_cannot_refine_the_chosen_map_says_so(capsys, d, tmp_path):
-    """auto chose an affine map, which the Sinkhorn refinement returns unchanged: the fit recorded
-    "semi_supervised": "sinkhorn" in its params and said nothing (applied=False in the artifact only). The CLI
-    notes it, the version's metrics record it, the HTTP job's notes say it; contrastive alone is refused."""
-    code, out, err = _fit(capsys, d, *(a.format(d=d) for a in BOTH), "--param", 'candidates=["ridge"]')
+    """auto chose an affine map over procrustes (ridge: these targets are a general linear map of the sources), which
+    the Sinkhorn refinement returns unchanged: the fit recorded "semi_supervised": "sinkhorn" in its params and said
+    nothing (applied=False in the artifact only). The CLI notes it, the version's metrics record it, the HTTP job's
+    notes say it; what it could never refine is refused (method contrastive, candidates without procrustes)."""
+    code, out, err = _fit(capsys, d, *(a.format(d=d) for a in BOTH), "--param", 'candidates=["procrustes", "ridge"]')
     assert code == 0, err
     v = json.loads(out)
     semi = v["metrics"]["semi_supervised"]
@@ -108,10 +109,15 @@ def test_semi_supervised_that_cannot_refine_the_chosen_map_says_so(capsys, d, tm
     code, _, err = _fit(capsys, d, *(a.format(d=d) for a in BOTH), "--param", "epochs=1", method="contrastive",
                         name="c")
     assert code == 2 and "cannot follow method='contrastive'" in err, err
+    code, _, err = _fit(capsys, d, *(a.format(d=d) for a in BOTH), "--param", 'candidates=["ridge"]', name="r")
+    assert code == 2 and "candidates=['ridge'] hold no procrustes" in err, err
     body = {"name": "old->new", "source_space": "old", "target_space": "new", "method": "auto", "random_state": 3,
             "paired": True, "source": _b64(X[PAIRS]), "target": _b64(Y[PAIRS]), "unpaired_source": _b64(X[200:]),
             "unpaired_target": _b64(Y[200:]), "params": {"semi_supervised": "sinkhorn", "candidates": ["ridge"]}}
     with TestClient(create_app(settings_for(tmp_path / "http", max_body_bytes=4_000_000))) as c:
+        r = c.post("/v1/fits", headers=W, json=body)  # ridge alone: nothing it refines, refused before a job
+        assert r.status_code == 422 and "candidates=['ridge'] hold no procrustes" in r.text, r.text
+        body["params"]["candidates"] = ["procrustes", "ridge"]
         r = c.post("/v1/fits", headers=W, json=body)
         assert r.status_code == 202, r.text
         job = wait_http_job(c, r.json()["id"], headers=W)
