@@ -56,7 +56,9 @@ def job_route(router: APIRouter, path: str, *, kind: str, summary: str, descript
                                                    owner_limit=owner_limit,
                                                    request_id=request.scope.get("state", {}).get("request_id"))
             root = request.scope.get("root_path", "").rstrip("/")  # the proxy's path prefix, if any
-            return FastJSONResponse(job.to_dict(), status_code=202 if created else 200,
+            # read under the lock the worker writes it under (it may have started it already): not a torn record
+            record = await run_in_threadpool(state.jobs.records, [job])
+            return FastJSONResponse(record[0], status_code=202 if created else 200,
                                     headers={"Location": f"{root}/v1/jobs/{job.id}"})
 
         endpoint.__name__ = endpoint.__qualname__ = plan.__name__  # the OpenAPI operationId

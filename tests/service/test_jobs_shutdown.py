@@ -311,3 +311,54 @@ def test_a_get_while_a_job_ends_reads_its_record_whole(tmp_path):
     assert (got["state"], (got["error"] or {}).get("type")) in [("failed", "Interrupted"), ("failed", "SlowToSay")], got
     assert _until(lambda: (j := mgr.get(job.id)).stage == "fit" and j).error["type"] == "SlowToSay"
     mgr.shutdown(wait=True)
+
+
+class _OwnedLock:
+    """The manager's lock, knowing which thread holds it. A real lock; only the owner is added."""
+
+    def __init__(self):
+        self._lock, self.owner = threading.Lock(), None
+
+    def acquire(self, *args, **kwargs):
+        got = self._lock.acquire(*args, **kwargs)
+        if got:
+            self.owner = threading.get_ident()
+        return got
+
+    def release(self):
+        self.owner = None
+        self._lock.release()
+
+    __enter__ = acquire
+
+    def __exit__(self, *exc):
+        self.release()
+
+
+def test_the_answer_to_a_job_post_reads_the_job_under_its_lock(tmp_path, monkeypatch):
+    """The 202 of ``POST /v1/fits`` read ``job.to_dict()`` without the lock the job's worker writes its progress and
+    end under: a job already running could be answered with a record torn between two of its writes. Every read of a
+    job's record, the answer's included, now holds that lock."""
+    from service.job_store import Job
+
+    app = create_app(settings_for(tmp_path))
+    unlocked = []
+    with TestClient(app) as c:
+        populate(app.state.vb.registry)
+        owned = app.state.vb.jobs._lock = _OwnedLock()  # before any job: every context is handed this one
+        to_dict = Job.to_dict
+
+        def watched(job):
+            if owned.owner != threading.get_ident():
+                unlocked.append(threading.current_thread().name)
+            return to_dict(job)
+
+        monkeypatch.setattr(Job, "to_dict", watched)
+        X, Y, _ = planted(50)
+        r = c.post("/v1/fits", headers=W, json={"name": "f", "source_space": "a", "target_space": "b",
+                                                "source": {"vectors": X.tolist()}, "target": {"vectors": Y.tolist()},
+                                                "method": "procrustes", "paired": True})
+        assert r.status_code == 202, r.text
+        assert r.json()["id"] and r.headers["Location"].endswith(r.json()["id"])
+        _until(lambda: c.get(f"/v1/jobs/{r.json()['id']}", headers=R).json()["state"] == "succeeded")
+    assert unlocked == [], unlocked
