@@ -152,6 +152,40 @@ def proc_state(pid: int) -> str:
     return ""
 
 
+def unread_bytes(pid: int) -> int:
+    """Bytes waiting, unread, in the receive queues of ``pid``'s Unix sockets (Linux: its /proc fds and the kernel's
+    sock_diag, as ``ss -x`` reads them): a ``Pipe`` message sent to a stopped process that it has not read."""
+    import struct
+
+    mine = set()
+    with suppress(OSError):
+        for fd in Path(f"/proc/{pid}/fd").iterdir():
+            with suppress(OSError):
+                link = os.readlink(fd)
+                if link.startswith("socket:["):
+                    mine.add(int(link[8:-1]))
+    # nlmsghdr (SOCK_DIAG_BY_FAMILY, REQUEST | DUMP) + unix_diag_req (AF_UNIX, every state, UDIAG_SHOW_RQLEN)
+    req = struct.pack("=BBHIIIII", socket.AF_UNIX, 0, 0, 0xFFFFFFFF, 0, 0x10, 0xFFFFFFFF, 0xFFFFFFFF)
+    total = 0
+    with closing(socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, 4)) as nl:  # NETLINK_SOCK_DIAG
+        nl.sendto(struct.pack("=IHHII", 16 + len(req), 20, 0x301, 1, 0) + req, (0, 0))
+        while True:
+            data = nl.recv(1 << 20)
+            at = 0
+            while at < len(data):
+                length, kind = struct.unpack_from("=IH", data, at)
+                if kind in (2, 3):  # NLMSG_ERROR, NLMSG_DONE
+                    return total
+                ino = struct.unpack_from("=I", data, at + 20)[0]  # unix_diag_msg's udiag_ino
+                attr = at + 16 + 16
+                while attr + 4 <= at + length:
+                    alen, atype = struct.unpack_from("=HH", data, attr)
+                    if atype == 4 and ino in mine:  # UNIX_DIAG_RQLEN: (rqueue, wqueue)
+                        total += struct.unpack_from("=I", data, attr + 4)[0]
+                    attr += (alen + 3) & ~3
+                at += (length + 3) & ~3
+
+
 def alive(pid: int) -> bool:
     """Whether ``pid`` is still there and has not ended (a zombie has)."""
     return proc_state(pid) not in ("", "Z")
