@@ -24,9 +24,20 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 
 
+class PortTaken(AssertionError):
+    """A server could not bind its port (EADDRINUSE): another process took it between :func:`free_port` and the
+    server's bind. :func:`start_on_free_port` and :func:`serve_in_thread` try another port on it."""
+
+
+#: how many ports a server start tries before its EADDRINUSE is the test's failure
+PORT_TRIES = 5
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that nothing listens on right now: one of ``VB_TEST_PORTS`` (``LOW-HIGH``, e.g.
-    ``19700-19799``) where that is set (a run that must keep its servers on ports of its own), else the kernel's."""
+    ``19700-19799``) where that is set (a run that must keep its servers on ports of its own), else the kernel's.
+    Free when looked at, not held: a server started on it may find it taken (:class:`PortTaken`); start it with
+    :func:`start_on_free_port`, which tries another one then."""
     spec = os.environ.get("VB_TEST_PORTS")
     if spec:
         low, high = (int(p) for p in spec.split("-"))
@@ -215,11 +226,11 @@ def serve_workers(tmp: Path, *args: str, env: dict | None = None, ready: bool = 
     once ``/healthz`` answers, or at once without ``ready``."""
     data = tmp / "data"
     seed_registry(data)
-    port = free_port()
     cmd = serve_command("--workers", "2", *args, own_group=True, sighup_default=True)
-    env = {**env_for(data, port), **(env or {})}
     if ready:
-        return start(cmd, env, port, tmp / "server.log"), port
+        return start_on_free_port(lambda port: (cmd, {**env_for(data, port), **(env or {})}), tmp / "server.log")
+    port = free_port()
+    env = {**env_for(data, port), **(env or {})}
     with open(tmp / "server.log", "wb") as log:  # the server writes to its own copy
         return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT), port
 
@@ -243,6 +254,12 @@ def rss_kib(pid: int) -> int:
     return total
 
 
+def _run_quietly(srv) -> None:
+    """``srv.run()``; a failed start's ``sys.exit`` (uvicorn's, e.g. on EADDRINUSE) just ends the thread."""
+    with suppress(SystemExit):
+        srv.run()
+
+
 @contextmanager
 def serve_in_thread(app) -> Iterator[str]:
     """Serve the ASGI ``app`` with uvicorn on a free loopback port in a daemon thread; yield its base URL.
@@ -251,14 +268,17 @@ def serve_in_thread(app) -> Iterator[str]:
     """
     import uvicorn
 
-    port = free_port()
-    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    th = threading.Thread(target=srv.run, daemon=True)
-    th.start()
-    for _ in range(300):
-        if srv.started:
+    for tries_left in range(PORT_TRIES - 1, -1, -1):
+        port = free_port()
+        srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+        th = threading.Thread(target=_run_quietly, args=(srv,), daemon=True)
+        th.start()
+        deadline = time.monotonic() + 60
+        while not srv.started and th.is_alive() and time.monotonic() < deadline:
+            th.join(0.05)
+        if srv.started or th.is_alive() or not tries_left:
             break
-        th.join(0.05)
+        # its thread ended unstarted: uvicorn's bind failed (EADDRINUSE: the port was taken meanwhile); another one
     assert srv.started, "in-process uvicorn did not start"
     try:
         yield f"http://127.0.0.1:{port}"
@@ -325,14 +345,31 @@ def scratch_dir(prefix: str, keep: bool = False) -> Iterator[Path]:
 
 
 def start(cmd: list[str], env: dict, port: int, log: Path) -> subprocess.Popen:
-    """Run ``cmd`` (a server on ``port``) with its output in ``log``; return once ``/healthz`` answers 200."""
+    """Run ``cmd`` (a server on ``port``) with its output in ``log``; return once ``/healthz`` answers 200.
+    :class:`PortTaken` when it exits because ``port`` is taken (see :func:`start_on_free_port`)."""
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=open(log, "wb"), stderr=subprocess.STDOUT)
     try:
         wait_ready(f"http://127.0.0.1:{port}", proc=proc, path="/healthz", timeout=60, log=log)
-    except AssertionError:
+    except AssertionError as exc:
         stop(proc)
+        if proc.returncode is not None and "[Errno 98]" in Path(log).read_text(errors="replace"):
+            raise PortTaken(f"port {port} was taken before the server bound it: {exc}") from None
         raise
     return proc
+
+
+def start_on_free_port(make, log: Path) -> tuple[subprocess.Popen, int]:
+    """:func:`start` of the server ``make(port)`` (``(cmd, env)``) on a :func:`free_port`, and on another one (up to
+    :data:`PORT_TRIES` in all) where another process took that port before the server bound it; ``(proc, port)``."""
+    for tries_left in range(PORT_TRIES - 1, -1, -1):
+        port = free_port()
+        cmd, env = make(port)
+        try:
+            return start(cmd, env, port, log), port
+        except PortTaken:
+            if not tries_left:
+                raise
+    raise AssertionError("unreachable")  # pragma: no cover
 
 
 def env_for(data_dir: Path, port: int) -> dict:
@@ -354,10 +391,13 @@ def seeded_uvicorn(tmp: Path, env: dict | None = None) -> Iterator[tuple[str, tu
 
     data = tmp / "data"
     seeded = seed_registry(data)
-    port = free_port()
-    cmd = [sys.executable, "-m", "uvicorn", "--factory", "service.api:create_app", "--host", "127.0.0.1",
-           "--port", str(port), "--no-access-log"]
-    proc = start(cmd, {**env_for(data, port), **(env or {})}, port, tmp / "server.log")
+
+    def make(port: int) -> tuple[list[str], dict]:
+        cmd = [sys.executable, "-m", "uvicorn", "--factory", "service.api:create_app", "--host", "127.0.0.1",
+               "--port", str(port), "--no-access-log"]
+        return cmd, {**env_for(data, port), **(env or {})}
+
+    proc, port = start_on_free_port(make, tmp / "server.log")
     try:
         yield f"http://127.0.0.1:{port}", seeded
     finally:

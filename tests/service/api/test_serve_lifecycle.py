@@ -26,17 +26,18 @@ from _servers import (
     seed_registry,
     serve_command,
     serve_workers,
-    start,
+    start_on_free_port,
     workers_of,
 )
 
 
-def _serve(tmp_path, *args) -> tuple[subprocess.Popen, int]:
+def _serve(tmp_path, *args, env: dict | None = None, **opts) -> tuple[subprocess.Popen, int]:
+    """``serve *args`` (``opts``: :func:`serve_command`'s) on a seeded data dir with extra ``env``, its log in
+    ``server.log``, on a free port (another one where that was taken meanwhile); ``(proc, port)`` once it answers."""
     data = tmp_path / "data"
     seed_registry(data)
-    port = free_port()
-    proc = start(serve_command(*args), env_for(data, port), port, tmp_path / "server.log")
-    return proc, port
+    return start_on_free_port(lambda port: (serve_command(*args, **opts), {**env_for(data, port), **(env or {})}),
+                              tmp_path / "server.log")
 
 
 def _records(tmp_path) -> list[dict]:
@@ -79,10 +80,10 @@ def test_a_stop_signal_answers_the_request_in_flight_and_exits_0_with_a_log_line
     proc, port = _serve(tmp_path)
     s, rest = _half_sent_transform(port)
     try:
-        time.sleep(0.3)
+        _wait_in_flight(port, 2)  # the half-sent request is being answered (the scrape itself is the other one)
         proc.send_signal(sig)
-        time.sleep(0.5)
-        assert proc.poll() is None  # waits for the request in flight
+        _wait_for_log(tmp_path, "Waiting for connections to close")  # uvicorn's stop has begun ...
+        assert proc.poll() is None  # ... and waits for the request in flight
         s.sendall(rest)
         assert _status_of_answer(s) == 200
     finally:
@@ -97,18 +98,12 @@ def test_a_stop_signal_answers_the_request_in_flight_and_exits_0_with_a_log_line
 def test_a_request_that_keeps_going_does_not_hold_the_stop_past_shutdown_timeout_s(tmp_path):
     # uvicorn waits for the requests in flight without a bound: a stalled upload (60 s of body_timeout_s) or a
     # long plan held `docker stop` / a pod's termination until the SIGKILL, and the shutdown work never ran
-    data = tmp_path / "data"
-    seed_registry(data)
-    port = free_port()
-    env = {**env_for(data, port), "VECBRIDGE_SHUTDOWN_TIMEOUT_S": "2"}
-    proc = start(serve_command(), env, port, tmp_path / "server.log")
+    proc, port = _serve(tmp_path, env={"VECBRIDGE_SHUTDOWN_TIMEOUT_S": "2"})
     s, _ = _half_sent_transform(port)  # the rest never comes
     try:
-        time.sleep(0.3)
-        t0 = time.monotonic()
+        _wait_in_flight(port, 2)  # the half-sent request is being answered (the scrape itself is the other one)
         proc.send_signal(signal.SIGTERM)
-        assert proc.wait(20) == 0
-        assert time.monotonic() - t0 < 10  # the 2 s bound, not the 60 s the upload could still take
+        assert proc.wait(20) == 0  # a bound, not a speed: the 2 s setting, not the 60 s the upload could still take
     finally:
         s.close()
         if proc.poll() is None:
@@ -141,10 +136,7 @@ def test_workers_refuse_new_connections_once_stopping_and_answer_the_request_in_
     # a SIGTERM the kernel still completed new connections into the backlog, nobody accepted them, and ~25 s later
     # (shutdown_timeout_s) they were reset unanswered (curl: http_code 000; a POST could not tell if it applied).
     # One process refused them at once.
-    data = tmp_path / "data"
-    seed_registry(data)
-    port = free_port()
-    proc = start(serve_command("--workers", "2"), env_for(data, port), port, tmp_path / "server.log")
+    proc, port = _serve(tmp_path, "--workers", "2")
     s, rest = _half_sent_transform(port)
     s.settimeout(20)
     try:
@@ -159,7 +151,7 @@ def test_workers_refuse_new_connections_once_stopping_and_answer_the_request_in_
                 refused_after = time.monotonic() - t0
         # before: every connect succeeded for as long as the stop lasted. Now ~0.6 s (the supervisor's 0.5 s turn,
         # then the workers'); seconds on a loaded machine, where its health checks of the workers take that long
-        assert refused_after is not None and refused_after < 10, refused_after
+        assert refused_after is not None  # within the 15 s looked at (a bound, not a speed)
         assert proc.poll() is None  # still waiting for the request in flight
         s.sendall(rest)
         assert _status_of_answer(s) == 200
@@ -216,10 +208,7 @@ def test_sighup_stops_a_single_process_service_as_sigterm_does(tmp_path):
     only INT and TERM, so the CLI's handler raised inside the event loop: an ERROR traceback, no graceful shutdown,
     exit 129. Now it stops as SIGTERM does (exit 0, "service stopped"). The child starts with SIGHUP at its default
     (a test run under ``nohup`` would hand it down ignored, and an ignored SIGHUP is left alone)."""
-    data = tmp_path / "data"
-    seed_registry(data)
-    port = free_port()
-    proc = start(serve_command(sighup_default=True), env_for(data, port), port, tmp_path / "server.log")
+    proc, _port = _serve(tmp_path, sighup_default=True)
     proc.send_signal(signal.SIGHUP)
     assert proc.wait(30) == 0, (tmp_path / "server.log").read_text()[-2000:]
     records = _records(tmp_path)
@@ -254,11 +243,7 @@ def test_a_request_cancelled_by_the_shutdown_timeout_is_a_json_503_with_its_requ
     # passed the middleware's `except Exception`: the client got uvicorn's bare text/plain 500 without the error
     # envelope or x-request-id, the log an ERROR "Exception in ASGI application" traceback, and the access log and
     # vecbridge_request_duration_seconds a server error (500)
-    data = tmp_path / "data"
-    seed_registry(data)
-    port = free_port()
-    env = {**env_for(data, port), "VECBRIDGE_SHUTDOWN_TIMEOUT_S": "1"}
-    proc = start(serve_command(), env, port, tmp_path / "server.log")
+    proc, port = _serve(tmp_path, env={"VECBRIDGE_SHUTDOWN_TIMEOUT_S": "1"})
     s, _ = _half_sent_transform(port, rows)  # the rest never comes
     s.settimeout(20)
     try:
@@ -339,12 +324,8 @@ def test_a_request_cut_by_a_second_ctrl_c_says_so_not_that_shutdown_timeout_s_ra
     the supervisor had sent its workers SIGTERM (as a person's comes) ended the worker with no answer at all: uvicorn
     raised the SIGTERM again before the request was cut, and its default action ended the process. The app stops as
     on one Ctrl-C, with no ERROR in the log."""
-    data = tmp_path / "data"
-    seed_registry(data)
-    port = free_port()
-    env = {**env_for(data, port), "VECBRIDGE_SHUTDOWN_TIMEOUT_S": "60"}
-    proc = start(serve_command("--workers", str(workers), own_group=True, sigint_raises=True), env, port,
-                 tmp_path / "server.log")
+    proc, port = _serve(tmp_path, "--workers", str(workers), own_group=True, sigint_raises=True,
+                        env={"VECBRIDGE_SHUTDOWN_TIMEOUT_S": "60"})
     # every worker has started: one still importing when Ctrl-C comes writes a plain-text KeyboardInterrupt traceback
     _wait_for_log(tmp_path, "Application startup complete.", workers)
     s, _ = _half_sent_transform(port)  # the rest never comes
@@ -576,16 +557,13 @@ def _held_fit(tmp_path, args: tuple, **env) -> tuple[subprocess.Popen, Path, Pat
     """``serve *args`` with :data:`HELD_REGISTRATION` and extra ``env``, and a fit job inside its registration (its
     artifact stored, its row held); ``(process, data dir, go file)``."""
     data = tmp_path / "data"
-    seed_registry(data)
-    port = free_port()
     hooks = tmp_path / "hooks"
     hooks.mkdir()
     (hooks / "sitecustomize.py").write_text(HELD_REGISTRATION)
     go, stored = tmp_path / "go", tmp_path / "stored"
-    base = env_for(data, port)
-    path = os.pathsep.join(p for p in (str(hooks), str(ROOT), base.get("PYTHONPATH", "")) if p)
-    env = {**base, "PYTHONPATH": path, "VB_TEST_GO": str(go), "VB_TEST_STORED": str(stored), **env}
-    proc = start(serve_command(*args), env, port, tmp_path / "server.log")
+    path = os.pathsep.join(p for p in (str(hooks), str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    proc, port = _serve(tmp_path, *args, env={"PYTHONPATH": path, "VB_TEST_GO": str(go), "VB_TEST_STORED": str(stored),
+                                              **env})
     try:
         rng = np.random.default_rng(0)
         X = rng.standard_normal((64, 8)).astype(np.float32)
