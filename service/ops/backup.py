@@ -3,7 +3,7 @@ vecbridge on the copy (``--data-dir DEST``).
 
 What a data dir holds, and how each part is copied so that the copy is one the service could have left:
 
-- ``registry.sqlite`` and ``jobs.sqlite``: SQLite's online backup API (:func:`service.storage.sqlite_backup`), each
+- ``registry.sqlite`` and ``jobs.sqlite``: SQLite's online backup API (:func:`service.copies.sqlite_backup`), each
   consistent at one commit. A PostgreSQL registry is not copied: its database is ``pg_dump``'s job (see
   :data:`PG_NOTE`); everything else still is.
 - ``artifacts/`` (content-addressed, never changed, never removed once a committed row names it but by ``registry
@@ -38,6 +38,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from ..config import Settings
+from ..copies import link_or_copy, sqlite_backup
 from ..errors import ConflictError, NotFoundError
 from ..indexes import IndexStore
 from ..indexes.errors import UnreadableGenerationError
@@ -46,7 +47,7 @@ from ..progress import Progress, silent
 from ..registry import open_registry, package_version
 from ..registry.db import sqlite_path
 from ..registry.store import ArtifactStore
-from ..storage import IN_PROGRESS, atomic_write, folder_aside, link_or_copy, sqlite_backup, sweep_abandoned
+from ..storage import IN_PROGRESS, atomic_write, folder_aside, sweep_abandoned
 
 __all__ = ["BACKUP_FORMAT", "IN_PROGRESS", "MANIFEST", "PG_NOTE", "PG_RESTORE", "backup_data_dir", "refuse_pg_backup",
            "sweep_abandoned"]

@@ -22,8 +22,9 @@ from pathlib import Path
 from align.exceptions import InputError
 
 from .. import pgconn
+from ..copies import quick_check_findings
 from ..pgconn import operator_options, option_settings, pg_connect_options
-from ..storage import OpenedFile, quick_check_findings, sqlite_connect, sqlite_damaged
+from ..storage import OpenedFile, sqlite_connect, sqlite_damaged
 from ..urls import check_pg_userinfo, redact
 from .errors import (
     ConflictError,
