@@ -547,12 +547,12 @@ def still_linked(fd: int, path: Path) -> bool:
     return (st.st_dev, st.st_ino) == (mine.st_dev, mine.st_ino)
 
 
-_MOVED = ("link_or_copy", "quick_check_findings", "sqlite_backup")  # to service.copies (it imports this module)
+_IN_COPIES = ("link_or_copy", "quick_check_findings", "sqlite_backup")  # moved to service.copies (it imports this)
 
 
 def __getattr__(name: str):
     """The names moved to :mod:`service.copies`, still importable from here."""
-    if name in _MOVED:
+    if name in _IN_COPIES:
         from . import copies
 
         return getattr(copies, name)
