@@ -72,7 +72,7 @@ def migrate(obj: Ctx, store, text_field, vector_field, id_field, source, target,
     # absolute, as printed (the report, a stop's line): a path relative to this directory is lost from any other
     ckpt = (Path(checkpoint) if checkpoint else default_checkpoint(obj.settings.data_dir, source, target)).resolve()
     if status_only:
-        st = checkpoint_status(ckpt)
+        st = checkpoint_status(ckpt, store or obj.settings.vectordb_url)  # its engine only: nothing is opened
         eta = f", ETA {st['eta_s']:.0f}s at {st['rows_per_s']} rows/s" if st["eta_s"] is not None else ""
         emit(st, as_json, f"{st['source']} -> {st['target']}: {st['done']}/{st['total']} rows "
                           f"({100 * st['fraction']:.1f}%), last id {st['last_id']}, "

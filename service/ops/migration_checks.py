@@ -21,8 +21,8 @@ from align.exceptions import InputError
 
 from ..vectordb import FileCheckpoint, VectorStore
 
-__all__ = ["check_index", "check_names", "check_resume", "check_source_fields", "engine_defaults", "option_name",
-           "resume_options"]
+__all__ = ["check_index", "check_names", "check_resume", "check_source_fields", "compare_as_resolved",
+           "engine_defaults", "is_postgres_url", "option_name", "resume_options"]
 
 #: the fields a store is opened with, as the CLI and a request name them
 FIELDS = ("id_field", "vector_field", "text_field")
@@ -41,12 +41,17 @@ def check_names(source: str, target: str, *, json_fields: bool = False) -> None:
                          f"{option_name('alias', json_fields)} switch readers to it); name another target")
 
 
+def is_postgres_url(store_url) -> bool:
+    """Whether ``store_url`` names a PostgreSQL store (the one engine whose target takes ``--index``)."""
+    return str(store_url).lower().startswith(("postgresql://", "postgres://"))
+
+
 def check_index(store_url: str, index: str | None, *, json_fields: bool = False) -> None:
     """InputError for an index kind (``hnsw``, ``ivfflat``, ``none``) given for a store that is not PostgreSQL: Milvus
     and Qdrant targets are made with the source's own index (its kind and build parameters), and the option was
     ignored there. Refused rather than honoured: the source's index is the recall / speed trade-off its owner chose,
     which the alias switch keeps; to change it, change the target's index after the migration."""
-    if index in (None, "like") or str(store_url).lower().startswith(("postgresql://", "postgres://")):
+    if index in (None, "like") or is_postgres_url(store_url):
         return
     engine = str(store_url).split("://", 1)[0].split("+", 1)[0].lower()
     opt = option_name("index", json_fields)
@@ -79,6 +84,17 @@ def engine_defaults(store: VectorStore) -> dict:
     return {k: params[k].default if k in params else getattr(type(store), k, None) for k in FIELDS}
 
 
+def compare_as_resolved(ckpt, store: VectorStore) -> None:
+    """Have checkpoint ``ckpt`` compare a resume's options with the recorded ones as they resolve on ``store``'s
+    engine: an unset index is ``like``, an unset field the engine's default (its constructor's, not this store's:
+    those are the resume's own options where it gave them). On Milvus and Qdrant a recorded index is ``like``: a
+    run of an older release recorded the ``--index hnsw`` it was given there and ignored it (the target took the
+    source's index), and its resume, refused any kind but ``like`` now (:func:`check_index`), had no way on."""
+    ckpt.resolve_options(index="like", **engine_defaults(store))
+    if store.engine != "pgvector":
+        ckpt.compare_recorded_as(index="like")
+
+
 def resume_options(*, alias=None, index=None, id_field=None, vector_field=None, text_field=None, source_space=None,
                    target_space=None) -> dict:
     """The options a run records in its checkpoint that a resume must give again (compared by
@@ -96,6 +112,6 @@ def check_resume(store: VectorStore, checkpoint, source: str, options: dict, *, 
     ckpt = FileCheckpoint(checkpoint, options=options, json_fields=json_fields)
     if not ckpt.path.exists():
         return
-    ckpt.resolve_options(index="like", **engine_defaults(store))
+    compare_as_resolved(ckpt, store)
     ckpt.resolve_options(target_space=map_target_space, source_space=store.get_space(source))
     ckpt.load()

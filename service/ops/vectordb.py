@@ -52,7 +52,8 @@ from ..vectordb.holder import holder_gone
 from ..vectordb.keep import read_keep_ids, resume_words
 from ..vectordb.lost import lost_as_unavailable
 from ..vectordb.migrate import is_artifact_path
-from .migration_checks import check_index, check_names, check_source_fields, engine_defaults, resume_options
+from .migration_checks import (check_index, check_names, check_source_fields, compare_as_resolved, is_postgres_url,
+                               resume_options)
 
 __all__ = [
     "SharedStore",
@@ -226,9 +227,8 @@ def run_migration(*, store_url: str, source: str, target: str, map_ref, checkpoi
         json_fields=json_fields)
     store = open_store_for(store_url, index=index or "like", **fields, api_key=api_key, ca_file=ca_file)
     # what each option left unset means on this engine: `--index like` recorded, a resume without --index is no
-    # change. The engine's defaults, not this store's fields: those are this run's own options where it gave them,
-    # so a field left unset by the first run and given by the resume compared equal, and the change went through
-    ckpt.resolve_options(index="like", **engine_defaults(store))
+    # change (the engine's defaults, not this store's fields: a field the resume gave compared equal to itself)
+    compare_as_resolved(ckpt, store)
 
     def on_batch(p: MigrationProgress) -> None:
         if progress is not None:
@@ -339,7 +339,7 @@ def stopped_by(exc: MigrationInterrupted) -> tuple[str, int]:
     return word, (128 + signum if signum else exit_code(exc))
 
 
-def checkpoint_status(checkpoint) -> dict:
+def checkpoint_status(checkpoint, store_url: str | None = None) -> dict:
     """What a checkpoint says (a file's path, or a :class:`~service.vectordb.Checkpoint`: a ``PgCheckpoint``, whose
     run is judged by its advisory lock from any host): rows done of total, last id, finished, ``state`` (running,
     stopped, interrupted or finished), the rate of the last run (its rows over its own time, not the time between
@@ -350,7 +350,9 @@ def checkpoint_status(checkpoint) -> dict:
     once finished, or of a checkpoint no command resumes), ``resume_note`` what that command cannot say itself. The
     keep set it was given (``migrate --keep-ids``, ``keep``), which a resume must give again: ``keep_rows`` (0:
     none), ``kept`` (rows written with their own vectors so far; None without a set) and ``keep_digest`` (its first
-    12 hex digits, as a refused resume names it; None without a set)."""
+    12 hex digits, as a refused resume names it; None without a set). ``store_url``: the store the run is on where
+    the caller knows it (``--store``, the configured one; only its scheme is read): on Milvus or Qdrant the command
+    leaves out an ``--index`` an older release recorded there (refused now, and ignored then)."""
     ckpt = checkpoint if isinstance(checkpoint, Checkpoint) else FileCheckpoint(checkpoint)
     file = isinstance(ckpt, FileCheckpoint)
     # a file's path made absolute: the resume command (and a path copied from the status) may be run elsewhere
@@ -370,8 +372,9 @@ def checkpoint_status(checkpoint) -> dict:
             "finished": bool(state.get("finished")), "state": now, "fields": state.get("fields", []),
             "rows_per_s": None if rate is None else round(rate, 1), "eta_s": None if eta is None else round(eta, 1),
             "updated_at": updated or state.get("finished_at"), "holder": state.get("holder"), "why": why,
-            "resume": None if state.get("finished") or not file else _resume_command(state, where),
-            "resume_note": None if state.get("finished") else _resume_note(state, file), **_keep_status(state)}
+            "resume": None if state.get("finished") or not file else _resume_command(state, where, store_url),
+            "resume_note": None if state.get("finished") else _resume_note(state, file, store_url),
+            **_keep_status(state)}
 
 
 def _state_word(state: dict) -> str:
@@ -417,7 +420,13 @@ def _artifact_dir_of(opts: dict) -> str | None:
     return None
 
 
-def _resume_command(state: dict, checkpoint) -> str:
+def _index_of(state: dict, store_url: str | None) -> str | None:
+    """The ``--index`` a resume gives: the recorded one, none on a store known not to be PostgreSQL's."""
+    index = (state.get("options") or {}).get("index")
+    return None if store_url and not is_postgres_url(store_url) else index
+
+
+def _resume_command(state: dict, checkpoint, store_url: str | None = None) -> str:
     """The ``vecbridge migrate`` command that resumes the migration a checkpoint records (HTTP runs too: the
     CLI resumes their checkpoints), with the options the run recorded; the store is the one it ran on (``STORE``:
     not recorded, its URL may hold a password), a keep set the same files (absolute; ``IDS``, ``VECTORS`` where the
@@ -430,6 +439,7 @@ def _resume_command(state: dict, checkpoint) -> str:
              *(["--registry-url", str(opts["registry_url"])] if opts.get("registry_url") else []), "migrate",
              "--store", "STORE", "--source", str(state.get("source")), "--target", str(state.get("target")),
              "--map", str(state.get("map") or "MAP"), "--checkpoint", str(checkpoint)]
+    opts = {**opts, "index": _index_of(state, store_url)}
     words += [w for key, flag in RESUME_OPTIONS.items() if opts.get(key) is not None for w in (flag, str(opts[key]))]
     if state.get("keep_digest"):
         words += ["--keep-ids", str(opts.get("keep_ids") or "IDS"), "--keep-vectors",
@@ -437,17 +447,21 @@ def _resume_command(state: dict, checkpoint) -> str:
     return shlex.join(words)
 
 
-def _resume_note(state: dict, file: bool = True) -> str | None:
-    """What the resume command cannot say itself: the registry URL's password, which no checkpoint records; of a
-    checkpoint not in a file (:class:`~service.vectordb.PgCheckpoint`), that no command resumes it."""
+def _resume_note(state: dict, file: bool = True, store_url: str | None = None) -> str | None:
+    """What the resume command cannot say itself: the registry URL's password, which no checkpoint records; an
+    ``--index`` kind recorded where the store is not known (a PostgreSQL target's option); of a checkpoint not in a
+    file (:class:`~service.vectordb.PgCheckpoint`), that no command resumes it."""
     if not file:
         return "no vecbridge command resumes it: call service.vectordb.migrate again with the same checkpoint"
-    url = str((state.get("options") or {}).get("registry_url") or "")
-    if "***" not in url:
-        return None
-    return ("the registry URL's password is not recorded (***): give it in the PGPASSWORD environment variable and "
-            "remove the :*** (or password=***) from --registry-url, or leave --registry-url out and set "
-            "VECBRIDGE_REGISTRY_URL (or VECBRIDGE_REGISTRY_URL_FILE) to the whole URL")
+    notes = []
+    if "***" in str((state.get("options") or {}).get("registry_url") or ""):
+        notes.append("the registry URL's password is not recorded (***): give it in the PGPASSWORD environment "
+                     "variable and remove the :*** (or password=***) from --registry-url, or leave --registry-url "
+                     "out and set VECBRIDGE_REGISTRY_URL (or VECBRIDGE_REGISTRY_URL_FILE) to the whole URL")
+    if (index := _index_of(state, store_url)) not in (None, "like"):
+        notes.append(f"--index {index} is for a PostgreSQL STORE: on a Milvus or Qdrant one leave it out (the "
+                     "target takes the source's own index)")
+    return "; ".join(notes) or None
 
 
 def _keep_status(state: dict) -> dict:
@@ -459,14 +473,15 @@ def _keep_status(state: dict) -> dict:
             "keep_digest": str(digest)[:12]}
 
 
-def list_checkpoints(data_dir) -> list[dict]:
+def list_checkpoints(data_dir, store_url: str | None = None) -> list[dict]:
     """:func:`checkpoint_status` of every migration recorded under ``data_dir/migrations`` (the default checkpoints
-    of CLI and HTTP runs alike), each with ``name`` (the file's stem); one that cannot be read says why."""
+    of CLI and HTTP runs alike), each with ``name`` (the file's stem); one that cannot be read says why.
+    ``store_url``: the store they ran on, where known (:func:`checkpoint_status`)."""
     folder = Path(data_dir) / "migrations"
     out = []
     for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
         try:
-            status = checkpoint_status(path)
+            status = checkpoint_status(path, store_url)
         except (VecbridgeError, InputError, OSError, ValueError) as exc:  # a damaged file: listed, not a failure
             status = {"checkpoint": str(path.resolve()), "error": str(exc)}
         out.append({"name": path.stem, **status})

@@ -85,7 +85,7 @@ def main(argv=None) -> int:
 
     try:
         if args.cmd == "status":
-            print(json.dumps(checkpoint_status(args.checkpoint)), flush=True)
+            print(json.dumps(checkpoint_status(args.checkpoint, settings.vectordb_url)), flush=True)
             return 0
         registry = artifact_dir = None
         if args.registry:  # no --artifact-dir: the settings' folder, as `vecbridge` reads it (None was a TypeError)

@@ -61,6 +61,11 @@ class Checkpoint:
         """What options left unset resolve to (``target_space``: the map's), for comparing a resume's options with
         the recorded ones; ignored by a checkpoint that records none."""
 
+    def compare_recorded_as(self, **values) -> None:
+        """What a recorded option is compared as, whatever the run recorded (``index`` on a Milvus or Qdrant
+        store: ``like``, what a run of an older release that recorded ``hnsw`` there did); ignored by a checkpoint
+        that records none."""
+
     def load(self) -> dict | None:  # pragma: no cover - interface
         raise NotImplementedError
 
@@ -100,6 +105,7 @@ class FileCheckpoint(Checkpoint):
         self.path = Path(path)
         self.options = options
         self.defaults: dict = {}  # what an option left unset resolves to (index: like): :meth:`resolve_options`
+        self.recorded_as: dict = {}  # what a recorded option is compared as: :meth:`compare_recorded_as`
         self.json_fields = json_fields  # a refusal names the HTTP request's fields, not the CLI's flags
         if self.path.is_dir():
             raise InputError(f"checkpoint {self.path} is a directory; give a file path, e.g. {self.path / 'run.json'}")
@@ -123,6 +129,9 @@ class FileCheckpoint(Checkpoint):
     def resolve_options(self, **defaults) -> None:
         self.defaults.update({k: v for k, v in defaults.items() if v is not None})
 
+    def compare_recorded_as(self, **values) -> None:
+        self.recorded_as.update(values)
+
     def _check_options(self, recorded) -> None:
         """CheckpointMismatchError when this run's options differ from the ones the checkpoint's run recorded (a
         review's find: a resume without the first run's ``--alias`` finished, said "finished", and never switched
@@ -135,6 +144,7 @@ class FileCheckpoint(Checkpoint):
         of an HTTP request."""
         if self.options is None or not isinstance(recorded, dict):
             return  # a status read, or a checkpoint of a release that recorded none
+        recorded = {**recorded, **{k: v for k, v in self.recorded_as.items() if k in recorded}}
         differ = [self._named(k, recorded.get(k), self.options.get(k))
                   for k in sorted(set(recorded) | set(self.options))
                   if k not in self.WHERE and not self._same(k, recorded.get(k), self.options.get(k))]

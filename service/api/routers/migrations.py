@@ -138,7 +138,8 @@ def _keep(obj: dict, opts, dim: int) -> tuple:
 
 list_route(router, "/migrations", name="list_migrations", response_model=MigrationList,
            summary="Migrations recorded in this data dir (their checkpoints: CLI and HTTP runs)",
-           load=lambda state: [_for_clients(m) for m in list_checkpoints(state.settings.data_dir)])
+           load=lambda state: [_for_clients(m) for m in list_checkpoints(state.settings.data_dir,
+                                                                             state.settings.vectordb_url)])
 
 
 def _for_clients(status: dict) -> dict:

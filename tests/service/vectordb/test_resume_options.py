@@ -117,12 +117,24 @@ def test_a_resume_may_not_change_what_an_option_the_first_run_left_unset_means(w
     assert rep.rows == N and rep.resumed_from is not None and rep.alias == added.get("alias", rep.alias), rep
 
 
+def _recorded_by_an_older_release(ck: Path, index: str = "hnsw") -> dict:
+    """Checkpoint ``ck`` as a release that took ``--index`` on any store recorded it (the kind it was given, which
+    it ignored on Milvus and Qdrant): its state, rewritten."""
+    state = json.loads(ck.read_text())
+    state["options"]["index"] = index
+    ck.write_text(json.dumps(state))
+    return state
+
+
 def test_a_refused_resume_over_http_is_a_409_naming_the_requests_fields(world):
     """A resume whose options differ is refused (CheckpointMismatchError: a conflict). Over HTTP the route answered
     202 and the job failed, although README promised a 409; and the message named the CLI's flags (``--alias 'live'
     (this run: None)``), which an HTTP client never sends. The request is answered 409 before a job exists, naming
-    the request's JSON fields and values (the run's own index, ``hnsw``, is not a Qdrant target's: recorded by hand,
-    as a run of a release that took it); the same request with the run's options is accepted."""
+    the request's JSON fields and values; the same request with the run's options is accepted.
+
+    The run recorded ``index: hnsw``, as an older release did on a Qdrant store (where it was ignored): that is not
+    a difference (a Qdrant target takes the source's index), and the listing's resume command leaves it out; it
+    was a 409 naming ``index "hnsw"`` for every request, and ``index: "hnsw"`` a 422, so the run could not go on."""
     from fastapi.testclient import TestClient
 
     from service.api.app import create_app
@@ -130,25 +142,58 @@ def test_a_refused_resume_over_http_is_a_409_naming_the_requests_fields(world):
     ck = default_checkpoint(world["data"], "src", "dst")
     with pytest.raises(MigrationInterrupted):
         _migrate(world, ck, stop=True, alias="live", text_field="text", space_option="source_space")
-    state = json.loads(ck.read_text())
-    state["options"]["index"] = "ivfflat"
-    ck.write_text(json.dumps(state))
+    _recorded_by_an_older_release(ck)
     body = {"source": "src", "target": "dst", "map": "a2b", "batch_size": 40}
     with TestClient(create_app(settings_for(world["tmp"], vectordb_url=world["url"]))) as c:
         r = c.post("/v1/migrations", json={**body, "text_field": "body"}, headers=W)
         assert r.status_code == 409 and r.json()["error"]["type"] == "CheckpointMismatchError", r.text
         assert c.get("/v1/jobs", headers=W).json()["data"] == []  # refused before a job exists
         msg = r.json()["error"]["message"]
-        state["options"]["index"] = None
-        ck.write_text(json.dumps(state))
+        listed = c.get("/v1/migrations", headers=W).json()["data"][0]
         r = c.post("/v1/migrations", json={**body, "alias": "live"}, headers=W)  # the run's options: accepted
         assert r.status_code == 202, r.text
         assert wait_http_job(c, r.json()["id"], headers=W)["state"] == "succeeded"
     assert 'alias "live" (this request: null)' in msg, msg
-    assert 'index "ivfflat" (this request: null (default "like"))' in msg, msg
     assert 'text_field "text" (this request: "body")' in msg, msg
+    assert "index" not in msg, msg
     assert "--" not in msg.split(" was started with other options: ", 1)[1], msg  # no CLI flag, no CLI command
     assert "GET /v1/migrations" in msg, msg
+    argv = shlex.split(listed["resume"])
+    assert "--index" not in argv and argv[argv.index("--alias") + 1] == "live", argv
+    assert "index" not in (listed["resume_note"] or ""), listed
+
+
+def test_an_older_releases_run_recording_an_index_on_qdrant_resumes_by_its_printed_command(world, tmp_path,
+                                                                                           monkeypatch, capsys):
+    """A stopped run whose checkpoint records ``--index hnsw`` on a Qdrant store (an older release took the option
+    there and ignored it): ``--status`` printed a resume command with ``--index hnsw``, refused (exit 2, "for a
+    PostgreSQL target"), and without it, or with ``--index like``, exit 2 "started with other options". The command
+    leaves it out where the store is known (``--store``, VECBRIDGE_VECTORDB_URL) and runs as printed; where it is
+    not, the note says to leave it out on Milvus or Qdrant. A PostgreSQL store still compares it."""
+    from service.cli import main
+    from service.vectordb import FileCheckpoint
+
+    ck = tmp_path / "old.json"
+    with pytest.raises(MigrationInterrupted):
+        _migrate(world, ck, stop=True, target="dst")
+    state = _recorded_by_an_older_release(ck)
+    assert "--index hnsw" in checkpoint_status(ck)["resume"]  # no store known: as recorded, with a note
+    assert "--index hnsw is for a PostgreSQL STORE" in checkpoint_status(ck)["resume_note"]
+    _migrate(world, ck, index="like", dry_run=True)  # compared as like: not refused
+    monkeypatch.delenv("VECBRIDGE_VECTORDB_URL", raising=False)
+    capsys.readouterr()
+    assert main(["--data-dir", str(world["data"]), "migrate", "--store", world["url"], "--source", "src",
+                 "--target", "dst", "--map", "a2b", "--checkpoint", str(ck), "--status", "--json"]) == 0
+    st = json.loads(capsys.readouterr().out)
+    assert "--index" not in st["resume"] and st["resume_note"] is None, st
+    pg = FileCheckpoint(ck, options={**state["options"], "index": None})  # PostgreSQL's comparison: unchanged
+    pg.resolve_options(index="like")
+    with pytest.raises(CheckpointMismatchError, match=r"--index 'hnsw' \(this run: None \(default 'like'\)\)"):
+        pg.load()
+    world["registry"].close()
+    rep = _resume_elsewhere(shlex.split(st["resume"]), world, tmp_path, monkeypatch, capsys)
+    assert rep["rows"] == N and rep["resumed_from"] is not None, rep
+    assert json.loads(ck.read_text())["options"]["index"] is None  # the resume recorded its own options
 
 
 def test_a_resume_over_http_with_another_keep_set_is_refused_naming_the_requests_field(world):
