@@ -201,8 +201,12 @@ class MilvusStore(VectorStore):
         """``describe_collection`` of a collection or alias (one RPC; CollectionNotFoundError when neither)."""
         from pymilvus.exceptions import MilvusException
 
+        # has_collection first (True for an alias too): describe_collection of a missing name logged pymilvus's
+        # ~20-line traceback before the error, on every 404 for a missing source
+        if not self.client.has_collection(check_name(name)):
+            self._require(name)  # names what is missing
         try:
-            return self.client.describe_collection(check_name(name))
+            return self.client.describe_collection(name)
         except MilvusException:
             self._require(name)  # names what is missing; a collection that exists re-raises below
             raise
@@ -247,9 +251,21 @@ class MilvusStore(VectorStore):
         out = {"id_field": f"primary key {key!r}"} if key != self.id_field else {}
         if self.vector_field not in names:
             out["vector_field"] = have
-        if self.text_field not in names and not described.get("enable_dynamic_field"):  # else a dynamic key, maybe
+        if self.text_field in names:
+            return out
+        if not described.get("enable_dynamic_field"):
             out["text_field"] = have + " (and no dynamic field)"
+        elif (keys := self._dynamic_keys(name, names)) is not None and self.text_field not in keys:
+            out["text_field"] = f"{have}; its first row's dynamic keys: {', '.join(sorted(keys)) or '(none)'}"
         return out
+
+    def _dynamic_keys(self, name: str, declared: list[str]) -> set[str] | None:
+        """The dynamic field's keys in one row of ``name`` (a key is per row: the first row read stands for the
+        collection, as a schema would), None when it has no row. Every collection vecbridge makes has a dynamic
+        field, so the schema alone never told a text field's name (the texts travelled under another key)."""
+        self._loaded(name)
+        rows = self.client.query(name, filter="", limit=1, output_fields=["*"])
+        return None if not rows else set(rows[0]) - set(declared) - {"$meta"}
 
     def drop(self, name: str) -> None:
         if self.exists(name):

@@ -216,3 +216,33 @@ def test_a_primary_key_not_named_id_is_refused_before_anything_is_written(milvus
         finally:
             for n in ("lc_src", "lc_dst"):
                 s.drop(n)
+
+
+def test_a_text_key_the_dynamic_field_lacks_is_refused_and_a_missing_source_logs_nothing(tmp_path, caplog):
+    """Every collection vecbridge makes has a dynamic field, so its schema never told a text field's name:
+    ``--text-field body`` on rows whose texts are under ``text`` migrated every row (exit 0), the texts travelling
+    as ``text`` and ``body`` absent. The first row's dynamic keys are read: refused before anything is written,
+    naming the option and the keys there are; the right name still runs. A missing source (a 404 over HTTP) logged
+    pymilvus's describe_collection traceback (~20 lines, ERROR) before the one-line refusal: nothing is logged."""
+    from service.ops.vectordb import run_migration
+    from service.vectordb import CollectionNotFoundError
+
+    X, m = small_migration()
+    m.save(tmp_path / "m.npz")
+    url = f"milvus://{tmp_path}/m.db"
+    with open_store(url) as s:
+        s.create("msrc", X.shape[1])
+        s.upsert("msrc", np.arange(len(X)), X, [f"t{i}" for i in range(len(X))], {"n": list(range(len(X)))})
+        s.finalize("msrc")
+    run = {"store_url": url, "source": "msrc", "map_ref": str(tmp_path / "m.npz"), "checkpoint": tmp_path / "c.json"}
+    with pytest.raises(InputError, match=r"milvus: source 'msrc' has no text field 'body'; it has fields id, vector; "
+                                         r"its first row's dynamic keys: n, text: fix --text-field"):
+        run_migration(**run, target="mt_body", text_field="body")
+    assert not (tmp_path / "c.json").exists()
+    caplog.clear()
+    with pytest.raises(CollectionNotFoundError, match="no collection or alias 'nope'"):
+        run_migration(**{**run, "source": "nope"}, target="mt_none")
+    assert not [r for r in caplog.records if r.levelname in ("ERROR", "WARNING")], caplog.text
+    assert run_migration(**run, target="mt_text", text_field="text").rows == len(X)
+    with open_store(url) as s:
+        assert not s.exists("mt_body") and s.fetch("mt_text", [3]).texts == ["t3"]
