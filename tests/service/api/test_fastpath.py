@@ -473,20 +473,46 @@ def test_search_sees_rows_another_process_added(world, loop_index, monkeypatch):
     assert c.post(loop_index, **body).json()["results"][0][0]["id"] == added and hops == []
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(k=st.integers(-3, 400), exact=st.booleans(), csls=st.booleans(),
-       ef=st.one_of(st.none(), st.integers(-5, 200_000)), nprobe=st.one_of(st.none(), st.integers(-5, 70_000)),
+@pytest.fixture(scope="module")
+def loop_indexes(world, loop_index):
+    """A flat (``loop``), an HNSW and an IVF index of 300 rows: each kind's search options (``ef_search`` HNSW's,
+    ``nprobe`` IVF's) are refused on the others, so a flat index alone made every ef / nprobe example a 422."""
+    c, app, data = world
+    for kind in ("hnsw", "ivf"):
+        app.state.vb.indexes.create(f"loop_{kind}", "b", data["Y"][:300], dim=16, kind=kind)
+    return {"flat": loop_index, "hnsw": "/v1/indexes/loop_hnsw/search", "ivf": "/v1/indexes/loop_ivf/search"}
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(kind=st.sampled_from(["flat", "hnsw", "ivf"]), k=st.integers(-3, 400), exact=st.booleans(),
+       csls=st.booleans(), ef=st.one_of(st.none(), st.integers(-5, 200_000), st.integers(1, 64)),
+       nprobe=st.one_of(st.none(), st.integers(-5, 70_000), st.integers(1, 16)),
        scale=st.sampled_from([1.0, 1e-30, 1e30, 0.0]), n=st.integers(1, 4), seed=st.integers(0, 2**16))
-def test_search_on_the_loop_equals_the_route_for_any_parameters(world, loop_index, monkeypatch, k, exact, csls, ef,
-                                                                 nprobe, scale, n, seed):
+def test_search_on_the_loop_equals_the_route_for_any_parameters(world, loop_indexes, monkeypatch, kind, k, exact,
+                                                                 csls, ef, nprobe, scale, n, seed):
+    """Same answer on the loop and through the route, for a flat, an HNSW and an IVF index (each kind's own
+    ``ef_search`` / ``nprobe`` reach its search; the others are 422 on both paths)."""
     c, _, data = world
+    url = loop_indexes[kind]
     X = np.random.default_rng(seed).standard_normal((n, 16)) * scale
     body = {"vectors": X.tolist(), "space": "a", "k": k, "exact": exact, "csls": csls}
     body.update({key: v for key, v in (("ef_search", ef), ("nprobe", nprobe)) if v is not None})
-    c.post(loop_index, **js(body))  # resolved and loaded: the next try is on the loop where it is small
-    fast, slow = both(c, monkeypatch, "POST", loop_index, **js(body))
+    c.post(url, **js(body))  # resolved and loaded: the next try is on the loop where it is small
+    fast, slow = both(c, monkeypatch, "POST", url, **js(body))
     assert fast.status_code in (200, 422), fast.text
     assert_same(fast, slow)
+
+
+def test_the_loop_search_property_reaches_each_kinds_own_option(world, loop_indexes, monkeypatch):
+    """The property above covers a search that uses ``ef_search`` / ``nprobe`` (200 on both paths), not refusals
+    only: one example of each, answered on the loop and by the route alike."""
+    c, _, data = world
+    for kind, knob in (("hnsw", {"ef_search": 40}), ("ivf", {"nprobe": 4})):
+        body = js({"vectors": data["X"][:2].tolist(), "space": "a", "k": 5, **knob})
+        c.post(loop_indexes[kind], **body)
+        fast, slow = both(c, monkeypatch, "POST", loop_indexes[kind], **body)
+        assert fast.status_code == 200, fast.text
+        assert_same(fast, slow)
 
 
 # --- a large transform on the loop only while its request is the process's only one (ALONE_INLINE_WORK) ----------
