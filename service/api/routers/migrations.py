@@ -52,7 +52,8 @@ reads it. `dry_run: true` makes every check a run makes, reads and maps one batc
 (ids + vectors of the rows re-embedded to fit the map) writes those rows' own new-model vectors instead of mapped
 ones; the report counts `kept` and `keep_not_found`.
 
-Refused before a job exists: no vector database configured (503), an unknown map (404), a bad collection name
+Refused before a job exists: no vector database configured, or one not answering (503, with `Retry-After`), an
+unknown map (404), a bad collection name
 or `keep` set (vectors not of the map's target width, NaN, an id twice, ids and rows of different counts: 422),
 `target` equal to `source`, an `index` kind other than `like` on a Milvus or Qdrant store (their targets take the
 source's own index: 422); and, asking the database once, the source missing (404), an id, vector or (named) text
@@ -108,22 +109,21 @@ def create_migration(body: bytes, request, state, settings):
 def _check_store(url: str, settings, opts, checkpoint, map_target_space: str | None) -> None:
     """The refusals a migration makes at its start that the database answers at once, made now (as the CLI makes
     them): the source missing (404), a field it lacks (422), a resume whose options differ from the unfinished run's
-    (409, naming the request's fields). A database that does not answer now is left to the job (it says so)."""
+    (409, naming the request's fields). A database that does not answer now is a 503 with ``Retry-After``, no job
+    queued: it was a 202 whose job failed on the same connect moments later (VectorDBUnavailableError)."""
     fields = {"id_field": opts.id_field, "vector_field": opts.vector_field, "text_field": opts.text_field}
     try:
         store = open_store_for(url, index=opts.index or "like", **fields, api_key=settings.vectordb_api_key,
                                ca_file=settings.vectordb_ca_file)
-    except VectorDBUnavailableError:
-        return
+    except VectorDBUnavailableError as exc:
+        raise VectorDBUnavailableError(f"{exc}; no migration was queued: send the request again later") from None
     try:
-        with lost_as_unavailable(store, "retry"):
+        with lost_as_unavailable(store, "no migration was queued: send the request again later"):
             check_source_fields(store, opts.source, fields, json_fields=True)
             options = resume_options(alias=opts.alias, index=opts.index, **fields, source_space=opts.source_space,
                                      target_space=opts.target_space)
             check_resume(store, checkpoint, opts.source, options, map_target_space=map_target_space,
                          json_fields=True)
-    except VectorDBUnavailableError:
-        return
     finally:
         store.close()
 

@@ -447,3 +447,26 @@ def test_a_collection_space_contradicting_the_recorded_space_is_refused_naming_b
     r = c.post("/v1/collections/h_src/search", json={"vectors": world["X"][:2].tolist(), "space": "a",
                                                       "collection_space": "a", "k": 1})
     assert r.status_code == 200 and [h[0]["id"] for h in r.json()["results"]] == [0, 3], r.text
+
+
+def test_a_migration_request_while_the_store_is_down_is_a_503_with_retry_after_and_no_job(tmp_path):
+    """The configured store not answering (Qdrant on a closed port): the request's check met the failed connect,
+    let it pass, answered 202, and the job failed moments later on the same connect (VectorDBUnavailableError),
+    told to a client polling it only. It is a 503 with ``Retry-After`` before a job exists, saying nothing was
+    queued; the CLI exits 75 (retry later), as it did."""
+    from _servers import free_port, seed_registry
+
+    from service.api.app import create_app
+    from service.cli import main
+
+    pytest.importorskip("qdrant_client")
+    seed_registry(tmp_path / "data")
+    url = f"qdrant://127.0.0.1:{free_port()}"
+    with TestClient(create_app(settings_for(tmp_path, vectordb_url=url))) as c:
+        r = c.post("/v1/migrations", json={"source": "src", "target": "dst", "map": "a2b"}, headers=W)
+        jobs = c.get("/v1/jobs", headers=W).json()["data"]
+    assert r.status_code == 503 and r.json()["error"]["type"] == "VectorDBUnavailableError", r.text
+    assert r.headers["retry-after"] == "5" and "no migration was queued" in r.json()["error"]["message"], r.text
+    assert jobs == [], jobs
+    assert main(["--data-dir", str(tmp_path / "data"), "migrate", "--store", url, "--source", "src", "--target",
+                 "dst", "--map", "a2b", "--quiet"]) == 75
