@@ -29,7 +29,7 @@ from ..errors import EX_TEMPFAIL, exit_code
 from ..indexes import IndexConflictError, IndexStore
 from ..indexes.csls import CSLS_WEIGHT
 from ..io import check_file, check_not_input, iter_chunks, parse_rows, read_texts
-from ..limits import MAX_ID, MAX_JSON_DEPTH, check_json_depth, seed_of
+from ..limits import MAX_EF_SEARCH, MAX_ID, MAX_JSON_DEPTH, check_json_depth, seed_of
 from ..ops import indexes as index_ops
 from ..ops.index_files import (
     CHUNK_ROWS,
@@ -331,7 +331,8 @@ def index_drop(obj: Ctx, name, yes):
 @click.option("--csls-k", type=click.IntRange(1, 1000), default=10, show_default=True)
 @click.option("--csls-weight", type=FiniteRange(0, 2), default=CSLS_WEIGHT, show_default=True)
 @click.option("--exact", is_flag=True, help="Scan every row (no HNSW / IVF approximation).")
-@click.option("--ef-search", type=click.IntRange(1), default=None)
+@click.option("--ef-search", type=click.IntRange(1, MAX_EF_SEARCH), default=None,
+              help=f"HNSW search breadth (1..{MAX_EF_SEARCH}, as over HTTP); HNSW indexes only.")
 @click.option("--nprobe", type=click.IntRange(1), default=None)
 @click.option("--steer", "steers", multiple=True, help="REF=EPS: a steer of the index's space, repeatable.")
 @click.option("--payloads/--no-payloads", "with_payloads", default=None,

@@ -41,7 +41,7 @@ from align.frames import row_norms, unit_rows
 from align.validation import check_no_zero_rows
 
 from ..errors import shown as quoted
-from ..limits import MAX_EXPLICIT_ID, MAX_ID, default_nprobe, ivf_training
+from ..limits import MAX_EF_SEARCH, MAX_EXPLICIT_ID, MAX_ID, default_nprobe, ivf_training
 from ..threads import pin_thread
 
 __all__ = ["FLAT_MAX", "HNSW_MAX", "KINDS", "METRICS", "NAME_RE", "TOMBSTONE_REBUILD", "ListPlan", "choose_kind",
@@ -491,8 +491,8 @@ def search_kind(index, kind: str, params: dict, dead, Q: np.ndarray, k: int, exa
     sel = committed if dead is None else dead if committed is None else faiss.IDSelectorAnd(committed, dead)
     if not (exact or kind == "flat"):
         ef = _ef(params, ef_search)
-        if not 1 <= ef <= 100_000:
-            raise InputError(f"ef_search must be between 1 and 100000, got {ef}")
+        if not 1 <= ef <= MAX_EF_SEARCH:  # the bound HTTP's ef_search and the CLI's --ef-search have
+            raise InputError(f"ef_search must be between 1 and {MAX_EF_SEARCH}, got {ef}")
         if sel is None:  # nothing to skip: the id map's own search (slots -> ids in FAISS, as below)
             return index.search(Q, k, params=_hnsw_params(max(ef, k)))
     inner = faiss.downcast_index(index.index)

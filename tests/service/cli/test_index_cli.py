@@ -643,3 +643,21 @@ def test_a_search_option_the_index_kind_has_no_use_for_is_exit_2_naming_the_flag
         assert code == 2 and f"{flag} is an" in err and "index 'docs' is flat" in err and f"leave {flag} out" in err, \
             err
     assert cli(capsys, data, "search", "docs", tmp / "y.npy", "--rows", "0:2", "-k", "3")[0] == 0
+
+
+def test_ef_search_has_the_http_bound_and_its_refusal_names_the_flag(world, capsys):
+    """``--ef-search`` took up to 100000 (the search's own check) while HTTP stops at 32768, as README says, and its
+    refusal named ``ef_search``, not the flag. One bound, 32768: past it exit 2 naming --ef-search before anything
+    is searched; at it the search runs. The Python API's search has the same bound."""
+    from align.exceptions import InputError
+
+    data, tmp, _, _ = world
+    assert cli(capsys, data, "create", "docs", "--space", "b", tmp / "y.npy", "--rows", "0:100", "--kind", "hnsw",
+               "--quiet")[0] == 0
+    search = ["search", "docs", tmp / "y.npy", "--rows", "0:2", "-k", "3", "--ef-search"]
+    code, _, err = cli(capsys, data, *search, "32769")
+    assert code == 2 and "--ef-search" in err and "32768" in err and "ef_search" not in err, err
+    assert cli(capsys, data, *search, "32768")[0] == 0
+    idx = IndexStore(data / "indexes").get("docs")
+    with pytest.raises(InputError, match="ef_search must be between 1 and 32768, got 40000"):
+        idx.search(np.load(tmp / "y.npy")[:2], 3, ef_search=40000)
