@@ -69,9 +69,10 @@ def transform_file(registry, ref: str, inp, out, *, chunk_rows: int = 65536, out
     m = registry.load_map(v)
     kept = None if keep_rows is None else _kept_rows(inp, rows, keep_rows, keep_vectors, m.target_dim, key=key,
                                                      column=column, text_field=text_field)
-    if is_text_path(inp):  # the source space's encoder, or None (reading the texts then says to name one)
+    texts = is_text_path(inp)
+    if texts:  # the source space's encoder, or None (reading the texts then says to name one)
         encoder = space_encoder(v.source_space, registry.get_space(v.source_space).encoder, encoder)
-    else:  # texts are embedded by the source space's encoder
+    else:  # texts: their first embedded rows are checked as they come (embedding them twice would cost)
         check_direction(v, m, inp, rows=rows, key=key, column=column, warn=warn)
 
     def file_rows(at: np.ndarray) -> np.ndarray:  # places among the rows read -> rows of the input (only to tell)
@@ -82,6 +83,11 @@ def transform_file(registry, ref: str, inp, out, *, chunk_rows: int = 65536, out
 
     def mapped(chunks):
         name, skip = Path(inp).name, None if kept is None else kept[0]
+        if texts:  # another model's vectors of the same width (--encoder e5 for a minilm map) mapped silently
+            chunks = _direction_checked(chunks, v, m, name=f"the rows of {name} embedded by {encoder!r}", warn=warn,
+                                        fix=f"the wrong --encoder? Embed the texts with the model that made "
+                                            f"space {v.source_space!r}'s vectors; or, if they are meant as "
+                                            f"{{other}} rows, map them with a map from {{other}}")
         if ray_address is None:  # zero rows told after the apply's NaN check, as HTTP tells them
             return _no_zero_rows(chunks, name, skip, file_rows, lambda chunk: m.apply(chunk, output=output))
         chunks = _no_zero_rows(chunks, name, skip, file_rows)
@@ -146,6 +152,23 @@ def _no_zero_rows(chunks: Iterable[np.ndarray], name: str, skip: np.ndarray | No
         yield out
 
 
+def _direction_checked(chunks: Iterable[np.ndarray], v, m, *, name: str, fix: str,
+                       warn: Callable[[str], None] | None = None) -> Iterator[np.ndarray]:
+    """``chunks`` as they come, the first :data:`~service.spaces.SPACE_SAMPLE_ROWS` rows (or all there are) checked
+    by :func:`check_direction_rows` (with ``fix``) before the first chunk is yielded: nothing written before."""
+    held, n = [], 0
+    it = iter(chunks)
+    for chunk in it:
+        held.append(chunk)
+        n += chunk.shape[0]
+        if n >= SPACE_SAMPLE_ROWS:
+            break
+    if held and held[0].ndim == 2 and held[0].shape[1] == m.source_dim:  # another width: refused when read
+        check_direction_rows(v, m, np.concatenate(held)[:SPACE_SAMPLE_ROWS], name=name, how="", warn=warn, fix=fix)
+    yield from held
+    yield from it
+
+
 def _kept_rows(inp, rows, keep_rows, keep_vectors, dim: int, *, key=None, column=None, text_field: str = "text"
                ) -> tuple[np.ndarray, np.ndarray]:
     """``(pos, Y)``: the output positions (ascending) of the rows ``keep_rows`` of ``inp`` that ``rows`` selects and
@@ -196,14 +219,15 @@ def check_direction(v, m, inp, *, rows=None, key: str | None = None, column: str
 
 
 def check_direction_rows(v, m, X: np.ndarray, *, name: str, how: str,
-                         warn: Callable[[str], None] | None = None) -> None:
+                         warn: Callable[[str], None] | None = None, fix: str | None = None) -> None:
     """Rows ``X`` (n, source dim) against map ``m``'s two frames (``v``: its VersionInfo; :func:`check_rows` with
     :func:`map_references`, built only for ``MEAN_CHECK_MIN_ROWS`` rows or more): rows that look like its target
-    side are a SpaceMismatchError whose fix names ``how`` a map is applied. Nothing for a map within one space."""
+    side are a SpaceMismatchError whose fix names ``how`` a map is applied (``fix``: another fix, ``{other}`` the
+    space the rows look like). Nothing for a map within one space."""
     if v.source_space == v.target_space:
         return
     check_rows(X, v.source_space, lambda: map_references(v, m), name=name, warn=warn,
-               fix=f"a map the wrong way round? Map them with a map from {{other}} ({how}: {v.ref} reads "
+               fix=fix or f"a map the wrong way round? Map them with a map from {{other}} ({how}: {v.ref} reads "
                    f"{v.source_space!r} rows); or, if they are {v.source_space!r} rows, {v.ref} itself was "
                    f"fitted on swapped files (its sides, read from the rows it was fitted on, hold the other "
                    f"way round): fit it again")
