@@ -58,6 +58,32 @@ def _nonfinite_rows(arr: np.ndarray) -> int:
     return bad
 
 
+def _rows_hit(arr: np.ndarray, test, limit: int = 10) -> tuple[int, np.ndarray]:
+    """``(count, first)``: how many rows of ``arr`` (n, d) have ``test(block)`` (a (b, d) mask) true somewhere, and
+    the first ``limit`` of them (indices into ``arr``); block by block."""
+    step, count, first = _row_step(arr), 0, []
+    for s in range(0, arr.shape[0], step):
+        hit = np.flatnonzero(test(arr[s : s + step]).any(axis=1))
+        count += hit.size
+        first.extend((hit[: max(0, limit - len(first))] + s).tolist())
+    return count, np.asarray(first, dtype=np.int64)
+
+
+def _rows_error(name: str, test, arr: np.ndarray, what: str, rows_at, fix: str = "") -> NonFiniteError:
+    """The NonFiniteError naming the rows of ``arr`` where ``test`` holds (``what`` they hold; ``fix``: what to do,
+    after the rows). ``rows_at``: None (``arr`` is the whole input: its rows counted and the first named by index),
+    or ``arr`` is a block of a file read block by block: the file row of its first row (int) or of each of its rows
+    (array); the first are named as those input rows, and the count is a floor (later rows were not read)."""
+    count, first = _rows_hit(arr, test)
+    more = ", ..." if count > first.size else ""
+    if rows_at is None:
+        at, where = first, f"{count} row(s) {what} (row{'s' if count > 1 else ''} "
+    else:
+        at = first + rows_at if isinstance(rows_at, (int, np.integer)) else np.asarray(rows_at)[first]
+        where = f"at least {count} row(s) {what} (input row{'s' if count > 1 else ''} "
+    return NonFiniteError(f"{name}: {where}{', '.join(map(str, at.tolist()))}{more}){fix}")
+
+
 _ZERO_QUERY = "no direction to rank by (it would tie with every document and count as a hit)"
 
 
@@ -98,9 +124,10 @@ def copies_whole(X) -> bool:
             and not (X.dtype == _F32 and X.flags.c_contiguous))
 
 
-def _beyond_float32(arr: np.ndarray, name: str) -> NonFiniteError | None:
+def _beyond_float32(arr: np.ndarray, name: str, rows_at=None) -> NonFiniteError | None:
     """The NonFiniteError for the rows of ``arr`` (wider floats) holding finite values float32 cannot hold (they
-    would become Inf), counted block by block; None when there are none or ``arr`` is not of wider floats."""
+    would become Inf), counted block by block (``rows_at`` as :func:`_rows_error`); None when there are none or
+    ``arr`` is not of wider floats."""
     if arr.dtype.kind != "f" or arr.dtype.itemsize <= 4:
         return None
     f32max = np.finfo(np.float32).max
@@ -108,16 +135,25 @@ def _beyond_float32(arr: np.ndarray, name: str) -> NonFiniteError | None:
     # (a JSON request: half of as_matrix's time for a batch-1 transform)
     if arr.nbytes <= _CHECK_BYTES and float(np.abs(arr).max(initial=0.0)) <= float(f32max):
         return None
+    def huge(b):
+        return np.isfinite(b) & (np.abs(b) > f32max)
+
     with np.errstate(invalid="ignore"):
-        huge = _rows_where(arr, lambda b: np.isfinite(b) & (np.abs(b) > f32max))
-    return NonFiniteError(f"{name}: {huge} row(s) hold values beyond float32's range (±3.4e38); scale them down"
-                          ) if huge else None
+        if not _rows_where(arr, huge):
+            return None
+        return _rows_error(name, huge, arr, "hold values beyond float32's range (±3.4e38)", rows_at,
+                           "; scale them down")
 
 
-def nonfinite_error(X: np.ndarray, name: str) -> NonFiniteError:
-    """The NonFiniteError :func:`as_matrix` raises for ``X`` (n, d) whole, counted a block of rows at a time without
-    converting ``X``: for an apply that met it in one piece of ``X`` (that piece's count was not the input's)."""
-    return _beyond_float32(X, name) or NonFiniteError(f"{name}: {_nonfinite_rows(X)} row(s) contain NaN or Inf")
+def _nonfinite(b: np.ndarray) -> np.ndarray:
+    return ~np.isfinite(b)
+
+
+def nonfinite_error(X: np.ndarray, name: str, rows_at=None) -> NonFiniteError:
+    """The NonFiniteError :func:`as_matrix` raises for ``X`` (n, d) whole (``rows_at`` as there), counted a block of
+    rows at a time without converting ``X``: for an apply that met it in one piece of ``X`` (that piece's count was
+    not the input's)."""
+    return _beyond_float32(X, name, rows_at) or _rows_error(name, _nonfinite, X, "contain NaN or Inf", rows_at)
 
 
 def _where_text(X) -> str:
@@ -140,6 +176,7 @@ def as_matrix(
     min_rows: int = 1,
     what: str = "rows",
     finite: bool = True,
+    rows_at: int | np.ndarray | None = None,
 ) -> np.ndarray:
     """Return ``X`` as a finite, 2-D, C-contiguous float32 array.
 
@@ -159,6 +196,10 @@ def as_matrix(
     finite : bool
         Check that every value is finite (one pass). ``False`` is for callers that check it
         themselves on the way, from a reduction they compute anyway (e.g. row norms).
+    rows_at : int or array, optional
+        ``X`` is a block of a file read block by block: the file row of its first row, or of each of its rows
+        (rows listed). A NaN / Inf or float32 overflow error names the first such rows as those input rows and
+        counts them as a floor (the file's later rows were not read). None: ``X`` is the whole input.
 
     Raises
     ------
@@ -201,15 +242,14 @@ def as_matrix(
     if f32:
         arr = np.ascontiguousarray(arr)
     else:
-        huge = _beyond_float32(arr, name)  # finite values float32 cannot hold would become Inf
+        huge = _beyond_float32(arr, name, rows_at)  # finite values float32 cannot hold would become Inf
         if huge is not None:
             raise huge
         wide, arr = arr, np.ascontiguousarray(arr, dtype=np.float32)
         check_no_underflow(wide, arr, name)
     if finite:  # block by block: a mask of the whole input was a quarter of its float32 size
-        bad = _nonfinite_rows(arr)
-        if bad:
-            raise NonFiniteError(f"{name}: {bad} row(s) contain NaN or Inf")
+        if _nonfinite_rows(arr):
+            raise _rows_error(name, _nonfinite, arr, "contain NaN or Inf", rows_at)
     return arr
 
 

@@ -242,33 +242,6 @@ def _arrow_errors(path: Path):
         raise FormatError(f"{path.name}: cannot read parquet ({exc})") from None
 
 
-def _arrow_lists_to_matrix(arr, path: Path) -> np.ndarray:
-    import pyarrow as pa
-
-    arr = arr.combine_chunks() if isinstance(arr, pa.ChunkedArray) else arr
-    vt = getattr(arr.type, "value_type", None)
-    if vt is None or not (pa.types.is_floating(vt) or pa.types.is_integer(vt)):
-        raise FormatError(f"{path.name}: the vector column is {arr.type}; need a list of numbers per row")
-    if arr.null_count:
-        raise FormatError(f"{path.name}: the vector column has null rows")
-    n = len(arr)
-    if n == 0:
-        return np.zeros((0, 0), np.float32)
-    values = arr.flatten()
-    if values.null_count:  # to_numpy made them NaN: the error then named "X", not the file
-        raise FormatError(f"{path.name}: the vector column has {values.null_count} null value(s) inside its vectors")
-    flat = values.to_numpy(zero_copy_only=False)
-    if pa.types.is_fixed_size_list(arr.type):
-        d = arr.type.list_size
-    else:
-        offs = arr.offsets.to_numpy()
-        lens = np.diff(offs)
-        if (lens != lens[0]).any():
-            raise FormatError(f"{path.name}: vectors of different lengths in the list column")
-        d = int(lens[0])
-    return flat.reshape(n, d)
-
-
 def _n_rows(M: np.ndarray, path: Path) -> int:
     """Rows of an array read from ``path``; a 0-d array (no rows at all) raises as_matrix's ShapeError."""
     if M.ndim == 0:
@@ -351,10 +324,13 @@ def read_vectors(path, *, rows=None, key: str | None = None, column: str | None 
         f, col = _parquet_file(path, column)
         n = f.metadata.num_rows
         sl = resolve_rows(rows, n, path)
+        from .arrow_lists import arrow_lists_to_matrix
+
         with _arrow_errors(path):
             table = f.read(columns=[col])
             table = table.take(sl) if isinstance(sl, np.ndarray) else table.slice(sl.start, sl.stop - sl.start)
-        return as_matrix(_arrow_lists_to_matrix(table.column(col), path), name=path.name, finite=finite)
+        return as_matrix(arrow_lists_to_matrix(table.column(col), path, sl if isinstance(sl, np.ndarray) else sl.start),
+                         name=path.name, finite=finite, rows_at=sl if isinstance(sl, np.ndarray) else sl.start)
     else:
         raise FormatError(f"{path.name}: unsupported format {suf or '(none)'}; "
                           f"use {', '.join(VECTOR_SUFFIXES + TEXT_SUFFIXES)}")
@@ -400,7 +376,8 @@ def _select_rows(M: np.ndarray, sl: slice | None, path: Path, *, finite: bool = 
     part = M[sl]
     if isinstance(M, np.memmap) and M.mode != "c":  # a read-only map (.fvecs): a private, writable copy
         part = np.array(part, dtype=np.float32)
-    return as_matrix(part, name=path.name, finite=finite)  # float32 rows stay as they are (mapped, or from .npz)
+    # float32 rows stay as they are (mapped, or from .npz); NaN / overflow named by the file's row numbers
+    return as_matrix(part, name=path.name, finite=finite, rows_at=(sl.start or 0) if isinstance(sl, slice) else sl)
 
 
 def iter_chunks(path, *, chunk_rows: int = 65536, rows=None, key: str | None = None, column: str | None = None,
@@ -422,6 +399,8 @@ def iter_chunks(path, *, chunk_rows: int = 65536, rows=None, key: str | None = N
     if suf == ".parquet" and not encoder:
         from align.validation import as_matrix
 
+        from .arrow_lists import arrow_lists_to_matrix
+
         f, col = _parquet_file(path, column)
         sl = resolve_rows(rows, f.metadata.num_rows, path)
         pos = 0
@@ -430,8 +409,8 @@ def iter_chunks(path, *, chunk_rows: int = 65536, rows=None, key: str | None = N
             for batch in f.iter_batches(batch_size=max(1, min(chunk_rows, sl.stop)), columns=[col]):
                 lo, hi = max(sl.start, pos), min(sl.stop, pos + batch.num_rows)
                 if lo < hi:  # checked as every other reader's rows (NaN, float32 overflow: named by file)
-                    yield as_matrix(_arrow_lists_to_matrix(batch.column(0).slice(lo - pos, hi - lo), path),
-                                    name=path.name)
+                    yield as_matrix(arrow_lists_to_matrix(batch.column(0).slice(lo - pos, hi - lo), path, lo),
+                                    name=path.name, rows_at=lo)
                 pos += batch.num_rows
                 if pos >= sl.stop:
                     break

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import numpy as np
 
+from .arrow_lists import arrow_lists_to_matrix
 from .io import (
     _arrow_errors,
-    _arrow_lists_to_matrix,
     _fvecs_matrix,
     _npz_array,
     _parquet_file,
@@ -80,7 +80,8 @@ def listed_chunks(path: Path, rows: np.ndarray, chunk_rows: int, suf: str, *, ke
         groups = RowGroups(f, path, [col])
         for s in range(0, rows.size, chunk_rows):
             table = groups.take(rows[s : s + chunk_rows])
-            yield as_matrix(_arrow_lists_to_matrix(table.column(col), path), name=path.name)
+            yield as_matrix(arrow_lists_to_matrix(table.column(col), path, rows[s : s + chunk_rows]),
+                            name=path.name, rows_at=rows[s : s + chunk_rows])
         return
     M = load_npy(path, mmap_mode="c") if suf == ".npy" else _npz_array(path, key) if suf == ".npz" else \
         _fvecs_matrix(path)  # a .fvecs's rows checked here, once

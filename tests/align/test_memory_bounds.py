@@ -213,7 +213,7 @@ def test_nan_in_a_float16_memmap_is_counted_over_the_whole_input(tmp_path, kind)
     X = (_rows(10_000, d, 8) + 0.5).astype(np.float16)
     X[[5, 4_100, 9_000]] = np.nan
     X[7_000, 3] = np.inf
-    with pytest.raises(align.NonFiniteError, match=r"^X: 4 row\(s\) contain NaN or Inf$"):
+    with pytest.raises(align.NonFiniteError, match=r"^X: 4 row\(s\) contain NaN or Inf \(rows 5, 4100, 7000, 9000\)$"):
         m.apply(X, batch_size=1024)
-    with pytest.raises(align.NonFiniteError, match=r"^X: 4 row\(s\) contain NaN or Inf$"):
+    with pytest.raises(align.NonFiniteError, match=r"^X: 4 row\(s\) contain NaN or Inf \(rows 5, 4100, 7000, 9000\)$"):
         m.apply(X.astype(np.float32), batch_size=1024)  # one call on the same rows: the message it matches

@@ -126,14 +126,19 @@ def test_wide_float_rows_are_checked_as_the_rules_say(X, finite):
     lost = int(((narrow == 0).all(axis=1) & (X != 0).any(axis=1)).sum())
     bad = int((~np.isfinite(narrow)).any(axis=1).sum())
     got = outcome(as_matrix, X, name="queries", finite=finite)
+    def named(mask):  # the first ten rows named, as indices of the input
+        at = np.flatnonzero(mask.any(axis=1))
+        return f"(row{'s' if at.size > 1 else ''} {', '.join(map(str, at[:10].tolist()))}" + \
+            (", ...)" if at.size > 10 else ")")
+
     if huge:
-        assert got == ("NonFiniteError",
-                       f"queries: {huge} row(s) hold values beyond float32's range (±3.4e38); scale them down")
+        assert got == ("NonFiniteError", f"queries: {huge} row(s) hold values beyond float32's range (±3.4e38) "
+                                         f"{named(np.isfinite(X) & (np.abs(X) > big))}; scale them down")
     elif lost:
         why = f"{lost} non-zero row(s) have every value below float32's smallest (~1.4e-45)"
         assert got == ("NotRepresentableError", f"queries: {why} and would read as all-zero rows; scale them up")
     elif bad and finite:
-        assert got == ("NonFiniteError", f"queries: {bad} row(s) contain NaN or Inf")
+        assert got == ("NonFiniteError", f"queries: {bad} row(s) contain NaN or Inf {named(~np.isfinite(narrow))}")
     else:
         assert got[0] == "ok" and same(got, ("ok", narrow)), got
 
