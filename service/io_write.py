@@ -10,6 +10,7 @@ import contextlib
 import errno
 import os
 import re
+import shutil
 import uuid
 from glob import escape as glob_escape
 from pathlib import Path
@@ -93,6 +94,9 @@ class ChunkWriter:
         if self.suffix == ".npy":  # header, then rows appended: nothing of the output stays mapped in memory
             from numpy.lib import format as npformat
 
+            need = 4 * n_rows * self.dim + 128  # the rows and a header: refused before the work that makes them
+            if shutil.disk_usage(self.tmp.parent).free < need:  # (fallocate below checks too, where supported)
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(self.path))
             self._fh = open(self.tmp, "wb")  # noqa: SIM115 - held until close() / abort()
             try:
                 npformat.write_array_header_1_0(self._fh, {"descr": npformat.dtype_to_descr(np.dtype("<f4")),
