@@ -28,7 +28,8 @@ from ..io import sha256_array
 from ..logging import get_logger
 from ..progress import Progress, Stages
 from ..registry import ConflictError, DeletedVersionError, NoReliableVersionError, NotFoundError, Registry, VersionInfo
-from ..registry.entity import collected
+from ..registry.elsewhere import refuse_elsewhere
+from ..registry.entity import VERSION_TABLES, collected
 from ..registry.names import check_alias, check_name, utf8_safe
 from ..registry.quality import SPLIT, heldout_doubt
 from ..registry.retry import until_registered
@@ -258,6 +259,7 @@ def run_fit(registry: Registry, *, name: str, source, target, method: str, param
     if alias is not None:
         check_alias(alias)
     _check_map_spaces(registry, name, source_space, target_space)  # what registration would refuse: before the fit
+    _check_artifact_folder(registry, name)
     params = dict(params or {})
     inputs = utf8_safe(inputs or {})  # file names as recorded: the report and every JSON answer are UTF-8
     check_unpaired_method(method, [k for k, U in zip(UNPAIRED, (unpaired_source, unpaired_target)) if U is not None])
@@ -428,6 +430,7 @@ def check_fit_request(registry, *, name: str, method: str, paired: bool, source_
     if alias is not None:
         check_alias(alias)
     _check_map_spaces(registry, name, source_space, target_space)
+    _check_artifact_folder(registry, name)
     _check_method(method, paired)
     check_unpaired_method(method, list(unpaired))
     check_fit_params(method, params, random_state, unpaired=len(set(unpaired)) == 2)
@@ -446,6 +449,12 @@ def _check_map_spaces(registry, name: str, source_space: str, target_space: str)
     if v is not None and (v.source_space, v.target_space) != (source_space, target_space):
         raise ConflictError(f"map {name!r} connects {v.source_space} -> {v.target_space}, not "
                             f"{source_space} -> {target_space}; choose another map name")
+
+
+def _check_artifact_folder(registry, name: str) -> None:
+    """A data dir whose artifact folder is not the registry's: the ArtifactsElsewhereError registration would raise
+    after the fit (a fit of minutes thrown away), raised before it reads a row."""
+    refuse_elsewhere(registry.db, registry.store, VERSION_TABLES, f"map {name!r} was not fitted")
 
 
 def _minivec2vec(params: dict, random_state) -> align.MiniVec2Vec:

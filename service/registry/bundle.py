@@ -48,7 +48,8 @@ from align.exceptions import InputError
 from ..io import json_finite
 from ..limits import MAX_JSON_DEPTH, check_json_depth
 from ..storage import atomic_write, folder_aside
-from .entity import KINDS, artifacts_in_use, now, package_version
+from .elsewhere import refuse_elsewhere
+from .entity import KINDS, VERSION_TABLES, artifacts_in_use, now, package_version
 from .errors import ConflictError, IntegrityError, InvalidNameError, NotFoundError
 from .models import to_columns
 from .names import MAX_TAGS, check_alias, check_name, check_tags, fs_safe
@@ -511,6 +512,7 @@ def import_bundle(reg, path: Path, *, on_conflict: str = "error") -> dict:
         reports["now"] = []
         return _apply_plan(reg, t, plan, on_conflict, reports)
 
+    refuse_elsewhere(reg.db, reg.store, VERSION_TABLES, "the bundle was not imported")  # as a registration
     try:
         with reg.store.pinned():  # artifacts first, held to the commit (see ArtifactStore.discard)
             for e in plan["entries"]:

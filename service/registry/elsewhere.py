@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 
 from ..logging import get_logger
+from .errors import ArtifactsElsewhereError
 
 _log = get_logger("registry")
 
@@ -61,4 +62,43 @@ def artifacts_elsewhere(db, store, tables, sample: int = ARTIFACT_SAMPLE, *, max
         if seen is None or seen[1] is None:  # once when the verdict turns, not at every probe while it stands
             _log.warning("%s (this data dir's artifact folder: %s)", why, store.root)
     store.elsewhere_seen = (time.monotonic(), why)
+    return why
+
+
+def refuse_elsewhere(db, store, tables, what: str) -> None:
+    """Raise :class:`~.errors.ArtifactsElsewhereError` (503 / exit 2) ``"{what}: {why}"`` when a look made now
+    (:func:`artifacts_elsewhere`, no kept verdict) says this artifact folder is not the registry's: a write (a fit's
+    registration, an import) calls it before it stores anything. A fit from a replica with a data dir of its own
+    wrote its artifact there, committed the version and moved the alias: every other replica answered that alias with
+    a 500 "artifact missing" (QA s54). An empty registry, or one of one or two live versions, is never refused."""
+    why = artifacts_elsewhere(db, store, tables, keep_foreign=False)
+    if why:
+        raise ArtifactsElsewhereError(f"{what}: {why}")
+
+
+def aliased_missing(db, store, kinds, *, max_age: float = 0.0) -> str | None:
+    """Why some alias cannot be served from this artifact folder, or None: the live versions an alias of ``kinds``
+    (``(noun, aliases table, versions table)`` each, :data:`~service.registry.entity.ALIAS_TABLES`) points at whose
+    files are not in it (one ``stat`` each), however few. Aliases are what serve traffic: /readyz said ready while
+    ``m@prod`` answered every transform with a 500 "artifact missing" (its file 2 of the 8 newest missing, under
+    :data:`MIN_MISSING`). An "all there" verdict is reused for ``max_age`` seconds (kept on ``store``); a missing one
+    is looked at again each time. The names go to the log only (/readyz needs no key)."""
+    seen = store.aliased_seen
+    if max_age and seen is not None and seen[1] is None and time.monotonic() - seen[0] < max_age:
+        return None
+    with db.tx() as t:
+        rows = t.q(" UNION ALL ".join(
+            f"SELECT '{noun}' AS noun, a.name, a.alias, a.version, v.artifact_path FROM {aliases} a JOIN {table} v "
+            "ON v.name = a.name AND v.version = a.version WHERE v.deleted = 0 AND v.collected_at IS NULL"
+            for noun, aliases, table in kinds))
+    missing = [r for r in rows if store.size(r["artifact_path"]) is None]
+    why = None
+    if missing:
+        why = (f"the files of {len(missing)} of the {len(rows)} aliased versions are not in this data dir's artifact "
+               "folder: transforms by those aliases fail; `vecbridge registry verify` lists the missing files (a "
+               "replica must use the registry's artifact folder: --artifact-dir or VECBRIDGE_ARTIFACT_DIR)")
+        if seen is None or seen[1] is None:
+            _log.warning("%s: %s", why, ", ".join(f"{r['noun']} {r['name']}@{r['alias']} ({r['name']}:{r['version']})"
+                                                  for r in missing[:20]))
+    store.aliased_seen = (time.monotonic(), why)
     return why

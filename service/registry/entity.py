@@ -29,7 +29,7 @@ from align.exceptions import InputError, SerializationError
 
 from ..errors import did_you_mean, listed
 from .cache import LRUCache
-from .elsewhere import VERDICT_S, artifacts_elsewhere
+from .elsewhere import VERDICT_S, artifacts_elsewhere, refuse_elsewhere
 from .errors import (
     AliasMovedError,
     ArtifactsElsewhereError,
@@ -139,6 +139,8 @@ STEERS = Kind("steer", "steer_names", "steers", "steer_aliases", None, SteerInfo
 KINDS = {"maps": MAPS, "steers": STEERS}
 #: the tables of every kind's versions (:func:`~service.registry.elsewhere.artifacts_elsewhere` samples them)
 VERSION_TABLES = tuple(k.table for k in KINDS.values())
+#: ``(noun, aliases table, versions table)`` of every kind (:func:`~service.registry.elsewhere.aliased_missing`)
+ALIAS_TABLES = tuple((k.noun, k.aliases, k.table) for k in KINDS.values())
 
 
 def collected(v) -> str:
@@ -308,6 +310,8 @@ class VersionedStore:
 
         stored: list[str] = []  # what put_new wrote, listed before its write: it may raise after the rename
         written: list[int] = []
+        # an artifact no other replica can read, the alias moved to it: refused before anything is stored
+        refuse_elsewhere(self.db, self.store, VERSION_TABLES, f"{self.kind.noun} {name!r} was not registered")
         try:
             with self.store.pinned():  # to the commit: a failed write never removes the artifact under this version
                 sha, rel, _ = self.store.put_new(*artifact, written=stored)

@@ -51,6 +51,7 @@ class ArtifactStore:
                                    f"{Path(e.filename or self.root).parent}") from None
         self._hook = hook or (lambda point: None)
         self.elsewhere_seen: tuple[float, str | None] | None = None  # (monotonic time, verdict): elsewhere.py
+        self.aliased_seen: tuple[float, str | None] | None = None  # the same, of aliased_missing
 
     def relpath_for(self, sha: str, ext: str) -> str:
         return f"{sha[:2]}/{sha}.{ext}"

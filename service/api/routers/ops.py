@@ -13,8 +13,8 @@ from starlette.concurrency import run_in_threadpool
 
 from ...errors import ServiceUnavailableError
 from ...ops.demo import demo_status
-from ...registry.elsewhere import VERDICT_S, artifacts_elsewhere
-from ...registry.entity import VERSION_TABLES
+from ...registry.elsewhere import VERDICT_S, aliased_missing, artifacts_elsewhere
+from ...registry.entity import ALIAS_TABLES, VERSION_TABLES
 from ...memory import heap_settings
 from ...metrics import CONTENT_TYPE_LATEST
 from ...urls import hide_endpoints
@@ -120,11 +120,13 @@ async def _artifacts_check(state) -> str:
     (30 s); a "not the registry's" one is looked at again at each probe, from the registry store's one kept verdict
     (a copy kept here said "not ready" for 30 s after the folder was put right). A hung folder is looked at by one
     thread however many probes ask, each answered "no answer" within READY_WAIT_S (it was a new thread per probe, no
-    time limit, until the pool was exhausted)."""
+    time limit, until the pool was exhausted). Not ready either while an alias's version has no file here, however
+    few are missing (:func:`~service.registry.elsewhere.aliased_missing`): aliases are what serve traffic."""
     reg = state.registry
     try:
         why = await _within_wait(state, "artifacts_probe", lambda: artifacts_elsewhere(
-            reg.db, reg.store, VERSION_TABLES, max_age=VERDICT_S, keep_foreign=False))
+            reg.db, reg.store, VERSION_TABLES, max_age=VERDICT_S, keep_foreign=False)
+            or aliased_missing(reg.db, reg.store, ALIAS_TABLES, max_age=VERDICT_S))
         return "ok" if why is None else f"error: {why}"
     except TimeoutError as waited:
         return f"error: no answer from this data dir's artifact folder for {waited.args[0]:.1f} s"
