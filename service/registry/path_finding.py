@@ -78,14 +78,14 @@ class PathFindingMixin:
         (kb, qb), (kn, qn) = self.quality(before), self.quality(new)
         if not (kn < kb or (kn == kb == 2 and qn < qb - 0.05)):
             return None
-        figure = quality_words(new)
         pin = self.path_alias
-        try:
-            self.alias_version(new.name, pin)
-            why = f"its {pin!r} alias was moved to it"
+        try:  # an alias left on a deleted version does not resolve: "moved to it" only when it is on new
+            at = self.alias_version(new.name, pin)
         except NotFoundError:
-            why = f"no {pin!r} alias: its newest reliable version"
-        return (f"{new.name!r} now means {new.ref} ({why}; {figure}), which "
+            at = None
+        why = f"its {pin!r} alias was moved to it" if at == new.version else (f"its {pin!r} alias is on deleted "
+              f"{new.name}:{at}" if at is not None else f"no {pin!r} alias") + ": its newest reliable version"
+        return (f"{new.name!r} now means {new.ref} ({why}; {quality_words(new)}), which "
                 f"{'looks worse than' if kn == kb else 'cannot be compared with'} {before.ref}, which it meant until "
                 f"now ({quality_words(before)}); keep "
                 f"{before.ref} with `vecbridge registry alias {new.name} {pin} {before.version}` "

@@ -1,0 +1,45 @@
+"""Registry findings of a QA pass (session 54): notes and messages that said what was not so."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import align
+from service.registry import open_registry
+
+
+def _rotation(seed: int, d: int = 8) -> align.LinearMap:
+    rng = np.random.default_rng(seed)
+    X = rng.standard_normal((64, d))
+    Q, _ = np.linalg.qr(rng.standard_normal((d, d)))
+    return align.fit_procrustes(X, X @ Q)
+
+
+def _register(reg, seed: int, top1: float | None = None, **kw):
+    metrics = {} if top1 is None else {"heldout_top1": top1, "heldout_n_candidates": 1000,
+                                       "heldout_n_queries": 1000}
+    return reg.register_version("a->b", _rotation(seed), source_space="a", target_space="b", method="procrustes",
+                                params={}, metrics=metrics, **kw)
+
+
+@pytest.fixture
+def reg(tmp_path):
+    r = open_registry(f"sqlite:///{tmp_path}/registry.sqlite", tmp_path / "artifacts")
+    yield r
+    r.close()
+
+
+def test_the_worse_refit_note_does_not_say_an_alias_on_a_deleted_version_was_moved(reg):
+    """After ``alias prod -> 2`` and ``delete 2``, a worse refit without --alias said "its 'prod' alias was moved to
+    it" while prod still pointed at deleted 2 (the alias was set: that was all it looked at)."""
+    _register(reg, 1, top1=0.9)
+    _register(reg, 2, top1=0.9, alias="prod")
+    reg.delete_version("a->b", 2)
+    before = reg.resolve_bare("a->b")
+    assert before.version == 1
+    v3 = _register(reg, 3, top1=0.5)
+    note = reg.default_change_note(before, v3)
+    assert note.startswith("'a->b' now means a->b:3 (its 'prod' alias is on deleted a->b:2: its newest reliable "
+                           "version; "), note
+    assert "moved to it" not in note and reg.alias_version("a->b", "prod") == 2
