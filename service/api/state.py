@@ -132,6 +132,7 @@ class AppState:
         self.started_at = time.monotonic()  # for uptime_seconds: the wall clock may be set back
         self.registry: Registry | None = None
         self.registry_error: str | None = None
+        self.registry_for_good = False  # registry_error is one no retry helps (a password refused): /readyz says so
         self.registry_probe = None  # (future, start time) of /readyz's registry query (routers/ops.py)
         self.artifacts_probe = None  # (future, start time) of /readyz's look at the artifact folder
         self.data_dir_probe = None  # (future, start time) of /readyz's look at the folders it writes to
@@ -181,6 +182,7 @@ class AppState:
                                           cache_size=MAP_CACHE_SIZE, **self.settings.registry_options())
         except RegistryUnavailableError as exc:
             self.registry_error = f"{type(exc).__name__}: {exc}"
+            self.registry_for_good = exc.retry_after is None
             return False
         except Exception as exc:
             self.registry_error = f"{type(exc).__name__}: {exc}"

@@ -115,7 +115,8 @@ PROBE_SQL = "SELECT " + ", ".join(f"(SELECT MIN({cols[0]}) FROM {table}), (SELEC
                                   for table, cols in map(_table_columns, SCHEMA))
 
 #: libpq's words for a connection the server refused for good: a retry without its operator acting gets the same
-_REFUSED_FOR_GOOD = ("authentication failed", "no pg_hba.conf entry", "does not exist")
+#: ("no password supplied": a URL without a password on a server asking for one, libpq's own words, no SQLSTATE)
+_REFUSED_FOR_GOOD = ("authentication failed", "no pg_hba.conf entry", "does not exist", "no password supplied")
 
 
 def refused_for_good(exc: Exception, why: str) -> bool:

@@ -42,7 +42,9 @@ async def readyz(request: Request):
             if checks["registry"] == "ok":
                 checks["artifacts"] = await _artifacts_check(state)
         elif state.registry_error:  # not open yet: its database was down at start-up, the app retries
-            checks["registry"] = f"error: {hide_endpoints(state.registry_error)} (retrying)"
+            checks["registry"] = f"error: {hide_endpoints(state.registry_error)} (retrying" + (
+                ", though no retry can help: refused for good, until the registry URL or its server is fixed)"
+                if state.registry_for_good else ")")
         loaded = state.indexes.loaded  # read once: the checks and the answer agree
         checks["indexes"] = await _indexes_check(state, loaded)
         if (demo := demo_status(state)) is not None:
