@@ -17,7 +17,7 @@ def verify_registry(reg, sweep: bool = False) -> dict:
 
     Returns ``{"ok", "database", "bad_artifacts", "dangling_aliases", "aliases_on_deleted", "deleted_files_gone",
     "version_gaps", "orphan_artifacts"`` (lists), ``"tmp_files", "n_versions", "n_steer_versions", "n_collected",
-    "n_deleted"}`` (maps and steers alike; deleted: those whose files ``registry gc`` has not removed yet,
+    "n_deleted"}`` and ``"missing_reports"`` (maps and steers alike; deleted: those whose files ``registry gc`` has not removed yet,
     collected: those it has, whose artifacts are not looked for). ``orphan_artifacts``: files no version names but a
     collected one (the next ``registry gc`` removes them) or none at all (a writer killed between storing its artifact
     and committing its row: ``registry gc --orphans`` removes them once untouched for ``store.STALE_TMP_S``).
@@ -27,11 +27,13 @@ def verify_registry(reg, sweep: bool = False) -> dict:
     deleted versions, not collected, whose artifact is missing: not a failure either (nothing reads a deleted
     version's files): a registry restored from a dump taken before a ``registry gc`` that removed them, beside a copy
     of the artifacts taken after it; ``registry gc`` marks them collected. A deleted version's artifact that is there
-    but corrupt is a bad artifact."""
+    but corrupt is a bad artifact. ``missing_reports`` (``name:N: why``): live map versions whose recorded fit report
+    is not there (a writer killed between its commit and the report's write, a report folder not restored): a warning,
+    not a failure (the map serves; ``GET .../report`` is a 404); it was not listed at all."""
     bad, dangling, on_deleted, gaps, used, artifacts, counts = [], [], [], [], set(), [], {}
     if damage := reg.db.damage():  # the rows cannot be trusted: none is read
         lists = ("bad_artifacts", "dangling_aliases", "aliases_on_deleted", "deleted_files_gone", "version_gaps",
-                 "orphan_artifacts")
+                 "orphan_artifacts", "missing_reports")
         return {"ok": False, "database": damage, **{k: [] for k in lists}, "tmp_files": len(reg.store.tmp_files()),
                 "n_versions": None, "n_steer_versions": None, "n_collected": None, "n_deleted": None}
     with reg.db.tx() as t:
@@ -54,6 +56,8 @@ def verify_registry(reg, sweep: bool = False) -> dict:
                 last = int(r["last_version"])
                 if (int(r["n"] or 0), r["lo"], r["hi"]) != (last, 1 if last else None, last if last else None):
                     gaps.append(r["name"])
+        reports = t.q("SELECT name, version, report_path FROM versions WHERE report_path IS NOT NULL AND deleted = 0 "
+                      "AND collected_at IS NULL ORDER BY name, version")
     collected = [r for r in artifacts if r["collected_at"] is not None]
     gone = []
     for r in artifacts:
@@ -72,11 +76,14 @@ def verify_registry(reg, sweep: bool = False) -> dict:
     if sweep:
         reg.store.sweep_tmp()
     orphans = sorted(reg.store.all_relpaths() - used)
+    missing = [f"{r['name']}:{r['version']}: its fit report is missing (GET .../report answers 404)" for r in reports
+               if not reg.report_path_of(r["report_path"]).is_file()]
     return {"ok": not bad and not dangling and not gaps, "database": [], "bad_artifacts": bad,
             "dangling_aliases": dangling, "aliases_on_deleted": on_deleted, "deleted_files_gone": gone,
             "version_gaps": gaps, "orphan_artifacts": orphans, "tmp_files": tmp, "n_versions": counts["maps"],
             "n_steer_versions": counts.get("steers", 0), "n_collected": len(collected),
-            "n_deleted": sum(1 for r in artifacts if r["deleted"] and r["collected_at"] is None)}
+            "n_deleted": sum(1 for r in artifacts if r["deleted"] and r["collected_at"] is None),
+            "missing_reports": missing}
 
 
 def _gone(store, rel: str) -> bool:

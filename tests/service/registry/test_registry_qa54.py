@@ -43,3 +43,26 @@ def test_the_worse_refit_note_does_not_say_an_alias_on_a_deleted_version_was_mov
     assert note.startswith("'a->b' now means a->b:3 (its 'prod' alias is on deleted a->b:2: its newest reliable "
                            "version; "), note
     assert "moved to it" not in note and reg.alias_version("a->b", "prod") == 2
+
+
+def test_verify_lists_a_live_version_whose_fit_report_is_missing_as_a_warning(reg, tmp_path, capsys):
+    """A version committed but its report never written (kill -9 between): ``GET .../report`` is a 404 "missing from
+    the data dir" while ``registry verify`` said ok without a word of it. It is listed now, ok still true (the map
+    serves), and the CLI warns; a deleted version's report is not looked for."""
+    import json
+
+    from conftest import run_cli
+
+    written = reg.report_dir / "a_to_b" / "1.html"
+    written.parent.mkdir(parents=True)
+    written.write_text("<html></html>")
+    _register(reg, 1, report_path="a_to_b/1.html")
+    _register(reg, 2, report_path="a_to_b/2.html")  # never written
+    _register(reg, 3, report_path="a_to_b/3.html")
+    reg.delete_version("a->b", 3)
+    checked = reg.verify()
+    assert checked["ok"] and checked["missing_reports"] == [
+        "a->b:2: its fit report is missing (GET .../report answers 404)"], checked
+    code, out, err = run_cli(capsys, "--data-dir", tmp_path, "--registry-url", reg.url, "registry", "verify")
+    assert code == 0 and json.loads(out)["missing_reports"] == checked["missing_reports"], out
+    assert err == "vecbridge: warning: 1 map version(s) lack their fit report: a->b:2\n", err
