@@ -545,7 +545,8 @@ class VersionedStore:
         else:
             wanted = f"it to point at one of versions {', '.join(map(str, want)) or '(none)'}"
         why = ("it is where this move would put it: a move that went through already?" if current is not None
-               and current == to else "someone else moved it; read it again and decide")
+               and current == to else "someone else moved it; read it again and decide" if current is not None
+               else "never set, or someone removed it; to set it only while it is unset, expect version 0")
         return AliasMovedError(f"{self.kind.noun} {name}@{alias} {where}, expected {wanted}: not {done} ({why})",
                                current)
 

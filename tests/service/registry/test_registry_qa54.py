@@ -66,3 +66,17 @@ def test_verify_lists_a_live_version_whose_fit_report_is_missing_as_a_warning(re
     code, out, err = run_cli(capsys, "--data-dir", tmp_path, "--registry-url", reg.url, "registry", "verify")
     assert code == 0 and json.loads(out)["missing_reports"] == checked["missing_reports"], out
     assert err == "vecbridge: warning: 1 map version(s) lack their fit report: a->b:2\n", err
+
+
+def test_an_expected_version_of_an_unset_alias_does_not_say_someone_moved_it(reg):
+    """``registry alias NAME staging 1 --expect 1`` on an alias that is not set said "... is not set ... (someone else
+    moved it; read it again and decide)": nobody had moved it. The unset case is worded for itself."""
+    from service.registry import AliasMovedError
+
+    _register(reg, 1)
+    with pytest.raises(AliasMovedError) as e:
+        reg.set_alias("a->b", "staging", 1, expected=1)
+    assert str(e.value) == ("map a->b@staging is not set, expected it to point at version 1: not moved (never set, "
+                            "or someone removed it; to set it only while it is unset, expect version 0)")
+    with pytest.raises(AliasMovedError, match="never set, or someone removed it"):
+        reg.delete_alias("a->b", "staging", expected=1)
