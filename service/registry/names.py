@@ -8,6 +8,7 @@ reference to a version is ``name`` (latest live version; for maps the newest not
 
 from __future__ import annotations
 
+import math
 import re
 
 import numpy as np
@@ -88,12 +89,29 @@ def check_tag_key(key) -> str:
     return key
 
 
+#: the ``eval.*`` tags path choice reads (:func:`~service.registry.quality.judged`; ``eval --record`` writes them) and
+#: what each must hold: a hand-set ``eval.n_candidates 0`` (or -5) made ``eval.top1`` count unscaled, and decide
+EVAL_TAGS = {"eval.top1": ("a share in [0, 1]", lambda x: 0.0 <= x <= 1.0),
+             "eval.recall@10": ("a share in [0, 1]", lambda x: 0.0 <= x <= 1.0),
+             "eval.n_candidates": ("an integer >= 2", lambda x: x >= 2 and x == int(x)),
+             "eval.n_queries": ("an integer >= 1", lambda x: x >= 1 and x == int(x))}
+
+
 def check_tag_value(value, key: str) -> str:
     """``str(value)``, refused (InvalidNameError) past :data:`MAX_TAG_BYTES` UTF-8 bytes or holding NUL: the CLI
-    stored 100 KB tags that HTTP refuses and a bundle import then refused whole."""
+    stored 100 KB tags that HTTP refuses and a bundle import then refused whole; one of :data:`EVAL_TAGS` that does not
+    hold what it must."""
     text = check_text(str(value), f"tag {key!r}")
     if len(text.encode("utf-8", "surrogatepass")) > MAX_TAG_BYTES:
         raise InvalidNameError(f"tag {key[:40]!r} is longer than {MAX_TAG_BYTES} bytes")
+    if key in EVAL_TAGS:
+        try:
+            x = float(text)
+        except ValueError:
+            x = math.nan
+        if not (math.isfinite(x) and EVAL_TAGS[key][1](x)):
+            raise InvalidNameError(f"tag {key!r} must be {EVAL_TAGS[key][0]}, got {text[:40]!r}: path choice reads it "
+                                   "(`vecbridge eval --record` writes it)")
     return text
 
 

@@ -36,6 +36,8 @@ def judged(v) -> tuple[int, float, str, float | None, int]:
     for source, top1, pool, queries in (
             ("eval", tags.get("eval.top1"), tags.get("eval.n_candidates"), tags.get("eval.n_queries")),
             ("fit", m.get("heldout_top1"), m.get("heldout_n_candidates"), m.get("heldout_n_queries"))):
+        if source == "eval" and pool is not None and _count(pool) < 2:  # set by hand before tags were checked: the
+            continue  # top-1 of "0 candidates" counted unscaled (0.999 put on none beat every measured figure)
         top1 = _share(top1)  # tags are stored as text
         if top1 is None:  # NaN or a hand-set tag out of range ranks nothing
             continue

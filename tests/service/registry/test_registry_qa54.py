@@ -16,10 +16,10 @@ def _rotation(seed: int, d: int = 8) -> align.LinearMap:
     return align.fit_procrustes(X, X @ Q)
 
 
-def _register(reg, seed: int, top1: float | None = None, **kw):
+def _register(reg, seed: int, top1: float | None = None, name: str = "a->b", **kw):
     metrics = {} if top1 is None else {"heldout_top1": top1, "heldout_n_candidates": 1000,
                                        "heldout_n_queries": 1000}
-    return reg.register_version("a->b", _rotation(seed), source_space="a", target_space="b", method="procrustes",
+    return reg.register_version(name, _rotation(seed), source_space="a", target_space="b", method="procrustes",
                                 params={}, metrics=metrics, **kw)
 
 
@@ -80,3 +80,37 @@ def test_an_expected_version_of_an_unset_alias_does_not_say_someone_moved_it(reg
                             "or someone removed it; to set it only while it is unset, expect version 0)")
     with pytest.raises(AliasMovedError, match="never set, or someone removed it"):
         reg.delete_alias("a->b", "staging", expected=1)
+
+
+@pytest.mark.parametrize("key, value", [("eval.n_candidates", "0"), ("eval.n_candidates", "-5"),
+                                        ("eval.n_candidates", "1.5"), ("eval.n_queries", "0"), ("eval.top1", "1.2"),
+                                        ("eval.top1", "nan"), ("eval.top1", "high"), ("eval.recall@10", "-0.1")])
+def test_an_eval_tag_that_path_choice_reads_is_checked_on_write(reg, tmp_path, capsys, key, value):
+    """Hand-set ``eval.*`` tags (``registry tag NAME V eval.n_candidates 0``, or -5) decided ``registry path``: a top-1
+    of "0 candidates" counted unscaled. They are refused (exit 2) unless they hold what ``eval --record`` writes."""
+    from conftest import run_cli
+    from service.registry import InvalidNameError
+
+    _register(reg, 1, top1=0.5)
+    with pytest.raises(InvalidNameError, match=f"tag '{key}' must be "):
+        reg.set_tag("a->b", 1, key, value)
+    code, _, err = run_cli(capsys, "--data-dir", tmp_path, "--registry-url", reg.url, "registry", "tag", "--", "a->b",
+                           "1", key, value)
+    assert code == 2 and "must be" in err, err
+    assert key not in reg.get_version("a->b", 1).tags
+    reg.set_tag("a->b", 1, "eval.top1", "0.999")  # what eval --record writes passes
+    reg.set_tag("a->b", 1, "eval.n_candidates", "1000")
+
+
+def test_an_eval_figure_of_fewer_than_2_candidates_stored_before_the_check_decides_nothing(reg):
+    """A tag written before the check (``eval.top1 0.999`` on ``eval.n_candidates 0``) made a version of held-out
+    top-1 0.5 the path over one of 0.9; its own fit figure counts now."""
+    good = _register(reg, 1, top1=0.9)
+    _register(reg, 2, top1=0.5, name="weak")
+    with reg.db.tx(write=True) as t:
+        for key, value in (("eval.top1", "0.999"), ("eval.n_candidates", "0")):
+            t.q("INSERT INTO tags (name, version, key, value) VALUES (?, ?, ?, ?)", ("weak", 1, key, value))
+    weak = reg.get_version("weak", 1)
+    assert weak.tags["eval.n_candidates"] == "0"
+    assert reg.quality_source(weak) == "fit"
+    assert [v.ref for v in reg.find_path("a", "b")] == [good.ref]
