@@ -135,6 +135,7 @@ class AppState:
         self.registry_for_good = False  # registry_error is one no retry helps (a password refused): /readyz says so
         self.registry_probe = None  # (future, start time) of /readyz's registry query (routers/ops.py)
         self.artifacts_probe = None  # (future, start time) of /readyz's look at the artifact folder
+        self.aliases_probe = None  # the same, of its look at the aliased versions' files
         self.data_dir_probe = None  # (future, start time) of /readyz's look at the folders it writes to
         self.indexes = IndexStore(Path(settings.data_dir) / "indexes", observer=self.metrics)
         self.metrics.index_lives = self.indexes.lives  # a scrape leaves out indexes dropped (re-created) meanwhile

@@ -41,6 +41,7 @@ async def readyz(request: Request):
             checks["registry"] = await _registry_check(state)
             if checks["registry"] == "ok":
                 checks["artifacts"] = await _artifacts_check(state)
+                checks["aliases"] = await _aliases_check(state)  # informs, never gates readiness (as demo)
         elif state.registry_error:  # not open yet: its database was down at start-up, the app retries
             checks["registry"] = f"error: {hide_endpoints(state.registry_error)} (retrying" + (
                 ", though no retry can help: refused for good, until the registry URL or its server is fixed)"
@@ -122,13 +123,27 @@ async def _artifacts_check(state) -> str:
     (30 s); a "not the registry's" one is looked at again at each probe, from the registry store's one kept verdict
     (a copy kept here said "not ready" for 30 s after the folder was put right). A hung folder is looked at by one
     thread however many probes ask, each answered "no answer" within READY_WAIT_S (it was a new thread per probe, no
-    time limit, until the pool was exhausted). Not ready either while an alias's version has no file here, however
-    few are missing (:func:`~service.registry.elsewhere.aliased_missing`): aliases are what serve traffic."""
+    time limit, until the pool was exhausted)."""
     reg = state.registry
+    return await _folder_look(state, "artifacts_probe", lambda: artifacts_elsewhere(
+        reg.db, reg.store, VERSION_TABLES, max_age=VERDICT_S, keep_foreign=False))
+
+
+async def _aliases_check(state) -> str:
+    """``"ok"``, or ``"error: ..."`` while the file of a version an alias points at is missing here, however few are
+    (:func:`~service.registry.elsewhere.aliased_missing`; the names go to the log): ``m@prod`` answered 500s while
+    /readyz said nothing (QA s54). It informs and does not gate readiness: the folder is shared, so one lost file
+    would take every replica out of its load balancer, every other map with it (the folder-wide case is
+    ``artifacts``, which does gate)."""
+    reg = state.registry
+    return await _folder_look(state, "aliases_probe", lambda: aliased_missing(
+        reg.db, reg.store, ALIAS_TABLES, max_age=VERDICT_S))
+
+
+async def _folder_look(state, key: str, look) -> str:
+    """``look()`` (None: all well, else why) within :data:`READY_WAIT_S`, one at a time per ``key``, as a check."""
     try:
-        why = await _within_wait(state, "artifacts_probe", lambda: artifacts_elsewhere(
-            reg.db, reg.store, VERSION_TABLES, max_age=VERDICT_S, keep_foreign=False)
-            or aliased_missing(reg.db, reg.store, ALIAS_TABLES, max_age=VERDICT_S))
+        why = await _within_wait(state, key, look)
         return "ok" if why is None else f"error: {why}"
     except TimeoutError as waited:
         return f"error: no answer from this data dir's artifact folder for {waited.args[0]:.1f} s"
