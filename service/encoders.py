@@ -77,14 +77,27 @@ class Encoder:
     _fn: Callable[[list[str], str, int], np.ndarray]
     #: the tokens (word pieces, specials included) the model reads of a text, the rest unread; None: all of it
     max_tokens: int | None = None
+    #: each text's tokens, counted whole
     _tokens: Callable[[list[str]], list[int]] | None = None
+    #: ``(index, tokens, exact)`` of the texts over :attr:`max_tokens`, each read no further than decides it
+    #: (:func:`_over_limit`); None: :attr:`_tokens` counts every text whole
+    _over: Callable[[list[str]], list[tuple[int, int, bool]]] | None = None
 
-    def too_long(self, texts: Sequence[str]) -> list[tuple[int, int]]:
-        """``(index, tokens)`` of each of ``texts`` the model embeds from its first :attr:`max_tokens` tokens only
-        (none when it reads every text whole): what ``vecbridge embed`` and ``POST /v1/embeddings`` count."""
+    def too_long(self, texts: Sequence[str], *, exact_first: bool = False) -> list[tuple[int, int, bool]]:
+        """``(index, tokens, exact)`` of each of ``texts`` the model embeds from its first :attr:`max_tokens` tokens
+        only (none when it reads every text whole): what ``vecbridge embed`` and ``POST /v1/embeddings`` count. A
+        long text is tokenized only as far as decides it: ``tokens`` is then a lower bound (``exact`` False), more
+        than :attr:`max_tokens`. ``exact_first``: the first such text counted whole when at most
+        :data:`EXACT_CHARS` characters long (a refusal names its length)."""
         if self._tokens is None or not texts:
             return []
-        return [(i, n) for i, n in enumerate(self._tokens(list(texts))) if n > self.max_tokens]
+        texts = list(texts)
+        if self._over is None:
+            return [(i, n, True) for i, n in enumerate(self._tokens(texts)) if n > self.max_tokens]
+        found = self._over(texts)
+        if exact_first and found and not found[0][2] and len(texts[found[0][0]]) <= EXACT_CHARS:
+            found[0] = (found[0][0], self._tokens([texts[found[0][0]]])[0], True)
+        return found
 
     def truncated(self, texts: Sequence[str]) -> int:
         """How many of ``texts`` the model embeds from their first :attr:`max_tokens` tokens only."""
@@ -233,14 +246,65 @@ def _mpnet() -> Encoder:
     return Encoder("all-mpnet-base-v2", 768, MPNET_PARTS[0], fn, *_st_limit(model))
 
 
-def _st_limit(model) -> tuple[int, Callable[[list[str]], list[int]]]:
-    """A sentence-transformers model's token limit and its texts' token counts: it cuts each text there (the e5
-    engine reads a long one whole, in windows)."""
+def _st_limit(model) -> tuple[int, Callable, Callable | None]:
+    """A sentence-transformers model's token limit, its texts' token counts, and the texts over the limit found
+    reading each no further than decides it (:func:`_over_limit`; None for a tokenizer it is not proven for): the
+    model cuts each text there (the e5 engine reads a long one whole, in windows)."""
+    tok, limit = model.tokenizer, int(model.max_seq_length)
 
     def tokens(texts):
-        return [len(ids) for ids in model.tokenizer(texts, truncation=False, verbose=False)["input_ids"]]
+        return [len(ids) for ids in tok(texts, truncation=False, verbose=False)["input_ids"]]
 
-    return int(model.max_seq_length), tokens
+    backend = getattr(tok, "backend_tokenizer", None)
+    if backend is None or [type(x).__name__ for x in (backend.normalizer, backend.pre_tokenizer, backend.model)] \
+            != ["BertNormalizer", "BertPreTokenizer", "WordPiece"]:
+        return limit, tokens, None
+    specials = len(tok("")["input_ids"])
+    return limit, tokens, lambda texts: _over_limit(tok, texts, limit, specials)
+
+
+#: a text refused for its length (``truncate`` false) is counted whole up to this many characters (~0.2 s), past
+#: it reported as "at least" the tokens of its start
+EXACT_CHARS = 50_000
+
+
+def _over_limit(tok, texts: list[str], limit: int, specials: int, chars: int | None = None,
+                batch: int = 64) -> list[tuple[int, int, bool]]:
+    """``(index, tokens, exact)`` of each of ``texts`` with more than ``limit`` tokens (``specials`` of them added
+    to every text), for a WordPiece tokenizer (MiniLM's, mpnet's): counting a 1 MB text whole took longer than
+    embedding it (which reads 256 tokens), and counted every text of every request.
+
+    - A text of at most ``limit - specials`` UTF-8 bytes is under the limit, untokenized: each word piece (or
+      ``[UNK]``, a whole word) spans at least one normalised character, and the BERT normaliser never makes more
+      characters of one than its UTF-8 bytes (a Hangul syllable: 3 jamo of 3 bytes; checked over every code point
+      in tests/service/test_encoder_limits.py).
+    - Any other is tokenized from its first ``chars`` characters (8 x ``limit``, x4 each round while undecided):
+      the pieces of the start's complete words (the last, perhaps cut, left out; the normaliser and the word split
+      are local) are pieces of the whole text, so more than ``limit`` decides it (``exact`` False: a lower bound).
+      A text that fits in ``chars`` is counted whole (``exact`` True).
+
+    A checkpoint before each tokenizer call of ``batch`` texts: work whose client left stops there."""
+    chars = chars or 8 * limit
+    todo = [i for i, t in enumerate(texts)
+            if len(t) + specials > limit or len(t.encode("utf-8", "surrogatepass")) + specials > limit]
+    found = []
+    while todo:
+        undecided = []
+        for s in range(0, len(todo), batch):
+            checkpoint()
+            part = todo[s : s + batch]
+            enc = tok([texts[i][:chars] for i in part], truncation=False, verbose=False)
+            for j, i in enumerate(part):
+                whole = len(texts[i]) <= chars
+                words = enc.word_ids(j)
+                last = None if whole else max((w for w in words if w is not None), default=None)
+                n = sum(w is None or w != last for w in words)
+                if n > limit:
+                    found.append((i, n, whole))
+                elif not whole:
+                    undecided.append(i)
+        todo, chars = undecided, chars * 4
+    return sorted(found)
 
 
 #: name -> (dim, package, loader)

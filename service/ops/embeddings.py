@@ -134,16 +134,19 @@ def count_cut(enc, texts: Sequence[str], *, truncate: bool = True, what: str = "
     """How many of ``texts`` encoder ``enc`` embeds from their first ``enc.max_tokens`` tokens only, the rest unread
     (MiniLM 256, mpnet 384 word pieces; e5 reads every text whole: 0). ``truncate=False``: InputError naming the
     first such text (``what[i]``), its tokens and the limit, with ``details`` for a machine, instead of cutting it.
-    The count of ``vecbridge embed`` and ``POST /v1/embeddings`` (tokenizing costs ~1% of encoding)."""
-    cut = enc.too_long(texts)
+    The count of ``vecbridge embed`` and ``POST /v1/embeddings``: a text too short in UTF-8 bytes to pass the limit
+    is not tokenized, a longer one only as far as decides it (:meth:`~service.encoders.Encoder.too_long`), so the
+    count costs about 1% of encoding short texts and a fraction of the tokenizing a long text's encoding does."""
+    cut = enc.too_long(texts, exact_first=not truncate)
     if cut and not truncate:
-        i, n = cut[0]
-        exc = InputError(f"{what}[{i}] is {n} tokens long, more than the {enc.max_tokens} {enc.name} reads "
+        i, n, exact = cut[0]
+        size = f"{n} tokens long" if exact else f"at least {n} tokens long (counted no further)"
+        exc = InputError(f"{what}[{i}] is {size}, more than the {enc.max_tokens} {enc.name} reads "
                          f"({len(cut)} of {len(texts)} texts are); with truncate false a text is refused, not cut: "
                          f"split it, or send truncate true to embed its first {enc.max_tokens} tokens")
         exc.details = [{"loc": ["body", what, i], "type": "too_many_tokens",
-                        "msg": f"{n} tokens, more than {enc.max_tokens}",
-                        "ctx": {"tokens": n, "max_tokens": enc.max_tokens, "too_long": len(cut)}}]
+                        "msg": f"{'' if exact else 'at least '}{n} tokens, more than {enc.max_tokens}",
+                        "ctx": {"tokens": n, "exact": exact, "max_tokens": enc.max_tokens, "too_long": len(cut)}}]
         raise exc
     return len(cut)
 

@@ -42,7 +42,9 @@ A text longer than the model reads (`max_tokens` of `GET /v1/models`: MiniLM 256
 word pieces, specials included; e5 reads any length, in windows) is embedded from its start, the
 rest unread, and counted in `usage.truncated`. With `truncate: false` (text-embeddings-inference's
 flag) such a text is refused instead: a 422 naming the first (`input[i]`, its tokens, the limit;
-`details[0].ctx` has them as numbers), nothing embedded. A 422, not TEI's 413: here 413 means a
+`details[0].ctx` has them as numbers; a text over 50,000 characters is counted only as far as it
+passes the limit: "at least" that many, `ctx.exact` false), nothing embedded. A long text is
+tokenized for this count only as far as decides it. A 422, not TEI's 413: here 413 means a
 body or batch over the service's limits, which the Python client answers by sending smaller
 batches; a text too long is not fixed by that.
 """
