@@ -221,18 +221,19 @@ def _registry_steer(registry):
 
 
 def _lm_steers(registry, lm, refs, load_steer, eps=None):
-    """``(LM, [(SteerInfo, Steer)])``: every ref resolved first (with ``eps``, one per ref, the eps of refs to one
-    version summed and checked: :func:`~.steers.check_summed_eps`), then the LM loaded, then spaces checked."""
+    """``(LM, [(SteerInfo, Steer)])``: every ref resolved first, an embedding space's steer refused (whatever the
+    eps: that is the decisive fault), then (with ``eps``, one per ref) the eps of refs to one version summed and
+    checked (:func:`~.steers.check_summed_eps`), then the LM loaded, then spaces checked."""
     load = load_steer or _registry_steer(registry)
     found = [load(ref) for ref in refs]
-    if eps is not None:  # before the LM loads (47 s on a cold server)
-        check_summed_eps([(ref, e, info) for ref, e, (info, _) in zip(refs, eps, found)], MAX_LM_EPS)
     own = repr(lm.space) if isinstance(lm, LM) else "lm.<model>"  # named once it is loaded
     for info, _ in found:  # an embedding steer: refused before the LM loads (47 s on a cold server), not after
         if not info.space.startswith(lm_space("")):
             raise InputError(f"steer {info.ref} lives in space {info.space!r}, an embedding space: the language "
                              f"model takes steers of its own space ({own}: `vecbridge lm steer-fit` / "
                              f"POST /v1/lm/steers)")
+    if eps is not None:  # before the LM loads (47 s on a cold server)
+        check_summed_eps([(ref, e, info) for ref, e, (info, _) in zip(refs, eps, found)], MAX_LM_EPS)
     lm = lm if isinstance(lm, LM) else lm()
     from ..lm.steering import output_embeddings
 

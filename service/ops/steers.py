@@ -388,7 +388,7 @@ def check_summed_eps(named: Sequence[tuple[str, float, object]], bound: float = 
         total = sum(e for _, e in refs)
         if len(refs) > 1 and not abs(total) <= bound:
             raise InputError(f"steers {', '.join(repr(r) for r, _ in refs)} are all {name}:{version}, composed at "
-                             f"the sum of their eps ({total:g}): it must be in [-{bound:g}, {bound:g}], as one eps")
+                             f"the sum of their eps ({total!r}): it must be in [-{bound:g}, {bound:g}], as one eps")
 
 
 def apply_steer_job(Q, steers: Sequence[tuple[Steer | MeanShift, float]]) -> np.ndarray:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -298,3 +300,25 @@ def test_an_embedding_steer_is_refused_before_the_language_model_loads(tmp_path)
         with pytest.raises(InputError, match="steer pos:1 lives in space 'a', an embedding space"):
             call()
     assert loads == []
+    # named twice past the summed bound too: the space, the decisive fault, is named first (the sum was)
+    with pytest.raises(InputError, match="steer pos:1 lives in space 'a', an embedding space"):
+        lm_ops.generate(reg, load, "the film", {"pos": 800.0, "pos:1": 800.0})
+    assert loads == []
+
+
+def test_the_summed_eps_refusal_prints_the_sum_exactly(tmp_path):
+    """``{total:g}`` printed 500 + 500.0000001 as "(1000)", a sum that reads as within the bound it broke."""
+    from service.ops.steers import check_summed_eps
+
+    X, y = data()
+    reg = open_registry(f"sqlite:///{tmp_path}/r.sqlite", tmp_path / "artifacts")
+    try:
+        reg.register_steer("pos", fit_steer_job(X, y, {"method": "lm-steer", "rank": 2, "max_iter": 10}), space="a",
+                           params={}, lens=[])
+        info = reg.resolve_steer("pos")
+        exact = re.escape(f"sum of their eps ({500.0 + 500.0000001!r}): it must be in [-1000, 1000]")
+        with pytest.raises(InputError, match=exact):  # 1000.0000001000001, the float sum
+            check_summed_eps([("pos", 500.0, info), ("pos:1", 500.0000001, info)], 1000.0)
+        check_summed_eps([("pos", 500.0, info), ("pos:1", 500.0, info)], 1000.0)  # at the bound: taken
+    finally:
+        reg.close()
