@@ -130,10 +130,11 @@ def _translation(services, model: str, target_space: str, map_ref):
     raise first_error
 
 
-def count_cut(enc, texts: Sequence[str], *, truncate: bool = True, what: str = "input") -> int:
+def count_cut(enc, texts: Sequence[str], *, truncate: bool = True, what: str = "input", one: bool = False) -> int:
     """How many of ``texts`` encoder ``enc`` embeds from their first ``enc.max_tokens`` tokens only, the rest unread
     (MiniLM 256, mpnet 384 word pieces; e5 reads every text whole: 0). ``truncate=False``: InputError naming the
-    first such text (``what[i]``), its tokens and the limit, with ``details`` for a machine, instead of cutting it.
+    first such text (``what[i]``; ``what`` itself with ``one``: the caller sent one string, not a list), its tokens
+    and the limit, with ``details`` for a machine, instead of cutting it.
     The count of ``vecbridge embed`` and ``POST /v1/embeddings``: a text too short in UTF-8 bytes to pass the limit
     is not tokenized, a longer one only as far as decides it (:meth:`~service.encoders.Encoder.too_long`), so the
     count costs about 1% of encoding short texts and a fraction of the tokenizing a long text's encoding does."""
@@ -141,10 +142,11 @@ def count_cut(enc, texts: Sequence[str], *, truncate: bool = True, what: str = "
     if cut and not truncate:
         i, n, exact = cut[0]
         size = f"{n} tokens long" if exact else f"at least {n} tokens long (counted no further)"
-        exc = InputError(f"{what}[{i}] is {size}, more than the {enc.max_tokens} {enc.name} reads "
-                         f"({len(cut)} of {len(texts)} texts are); with truncate false a text is refused, not cut: "
-                         f"split it, or send truncate true to embed its first {enc.max_tokens} tokens")
-        exc.details = [{"loc": ["body", what, i], "type": "too_many_tokens",
+        where, many = (what, "") if one else (f"{what}[{i}]", f" ({len(cut)} of {len(texts)} texts are)")
+        exc = InputError(f"{where} is {size}, more than the {enc.max_tokens} {enc.name} reads{many}; with truncate "
+                         f"false a text is refused, not cut: split it, or send truncate true to embed its first "
+                         f"{enc.max_tokens} tokens")
+        exc.details = [{"loc": ["body", what] if one else ["body", what, i], "type": "too_many_tokens",
                         "msg": f"{'' if exact else 'at least '}{n} tokens, more than {enc.max_tokens}",
                         "ctx": {"tokens": n, "exact": exact, "max_tokens": enc.max_tokens, "too_long": len(cut)}}]
         raise exc
@@ -152,7 +154,8 @@ def count_cut(enc, texts: Sequence[str], *, truncate: bool = True, what: str = "
 
 
 def embed(services, model: str, texts: list[str], *, kind: str = "passage", target_space: str | None = None,
-          dimensions: int | None = None, map_ref: str | Sequence[str] | None = None, truncate: bool = True):
+          dimensions: int | None = None, map_ref: str | Sequence[str] | None = None, truncate: bool = True,
+          one: bool = False):
     """Embed ``texts`` with encoder ``model``, optionally translated into ``target_space``.
 
     ``services``: the service's encoder and map caches (``encoder(name)``, ``spaces_for_encoder(name)``,
@@ -162,7 +165,7 @@ def embed(services, model: str, texts: list[str], *, kind: str = "passage", targ
     (:func:`service.ops.indexes.translation`): one that does not lead from the model's space to ``target_space``
     is an InputError. The path is resolved before any encoding (an unknown space or missing path is a 404 at
     once). ``dimensions`` is accepted only when it equals the output width (these models do not truncate).
-    ``truncate``: see :func:`count_cut` (checked before any encoding).
+    ``truncate``, ``one`` (``texts`` is the one string sent): see :func:`count_cut` (checked before any encoding).
     Returns ``(X (n, d) float32, translation or None, texts cut)``; the translation's ``versions`` are the maps used.
     """
     if map_ref and not target_space:
@@ -177,7 +180,7 @@ def embed(services, model: str, texts: list[str], *, kind: str = "passage", targ
         if target_space is not None and dimensions != width:
             raise InputError(f"dimensions={dimensions} is not supported: space {target_space!r} is "
                              f"{width}-d; omit `dimensions` or pass {width}")
-    cut = count_cut(enc, texts, truncate=truncate)
+    cut = count_cut(enc, texts, truncate=truncate, one=one)
     X = encode_texts(enc, texts, kind=kind)
     if tr is not None and tr.map is not None:
         X = tr.map.apply(X, output="raw", validate=False)

@@ -106,7 +106,8 @@ async def embeddings(body: Annotated[EmbeddingsRequest, Body(openapi_examples=ex
     X, tr, cut = await state.heavy.run(lambda: embed_ops.embed(state, body.model, texts, kind=body.input_type,
                                                                 target_space=body.target_space,
                                                                 dimensions=body.dimensions, map_ref=body.map,
-                                                                truncate=body.truncate),
+                                                                truncate=body.truncate,
+                                                                one=isinstance(body.input, str)),
                                        request)
     state.metrics.batch_rows.labels("embeddings").observe(len(texts))
     if tr is not None:

@@ -239,3 +239,19 @@ def test_texts_cut_at_the_models_limit_are_counted_and_truncate_false_refuses_th
         assert r.status_code == 200 and r.json()["usage"]["truncated"] == 0, r.text
         r = c.post("/v1/embeddings", headers=R, json={"model": "minilm", "input": texts, "truncate": "no"})
         assert r.status_code == 422 and "truncate" in r.json()["error"]["message"], r.text
+
+
+def test_one_string_too_long_is_named_input_not_input_0(tmp_path):
+    """``input`` sent as one string, not a list, was refused as ``input[0]`` "(1 of 1 texts are)": it is named as
+    sent, ``input``, in the message and in ``details[0].loc``."""
+    import pytest
+
+    pytest.importorskip("sentence_transformers")
+    with TestClient(create_app(settings_for(tmp_path))) as c:
+        r = c.post("/v1/embeddings", headers=R, json={"model": "minilm", "input": LONG, "truncate": False})
+        assert r.status_code == 422, r.text
+        msg, detail = r.json()["error"]["message"], r.json()["error"]["details"][0]
+        assert "input is " in msg and "input[" not in msg and "texts are" not in msg, msg
+        assert detail["loc"] == ["body", "input"] and detail["ctx"]["max_tokens"] == 256, detail
+        r = c.post("/v1/embeddings", headers=R, json={"model": "minilm", "input": [LONG], "truncate": False})
+        assert "input[0] is " in r.json()["error"]["message"], r.text  # a list of one: its row
