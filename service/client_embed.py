@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from .client_core import call
+from .client_errors import ValidationError
 from .client_wire import as_list, b64_bytes, clean, json_sizes, pinned
 from .client_wire import seg as _seg
 
@@ -43,7 +44,9 @@ class EmbedCalls:
 
         ``truncate``: a text longer than the model reads (``max_tokens`` of :meth:`list_models`: MiniLM 256, mpnet
         384 word pieces; e5 reads any length) is embedded from its start (True) or refused (False:
-        :class:`~service.client.ValidationError` naming it, its row of ``texts``, nothing returned).
+        :class:`~service.client.ValidationError` naming it, its row of ``texts`` in the message and in ``details[0]
+        ["loc"]``, nothing returned). Texts sent in several batches are checked batch by batch: the batches before
+        the refused one were embedded (for nothing), and the message's "k of n texts are" counts its batch only.
         ``with_usage=True`` adds the answers' ``usage`` summed over the batches: ``{"prompt_tokens",
         "total_tokens", "truncated"}``, ``truncated`` the texts embedded from their start only. With both flags:
         ``(E, versions, usage)``."""
@@ -53,9 +56,18 @@ class EmbedCalls:
         usage: dict[str, int] = {}
 
         def send(part: slice) -> list:
-            answer = yield from self._json("POST", "/v1/embeddings", json=clean({
-                "input": texts[part], "model": model, "encoding_format": "base64", "target_space": target_space,
-                "input_type": input_type, "truncate": None if truncate is True else truncate, **pin}), retry=True)
+            try:
+                answer = yield from self._json("POST", "/v1/embeddings", json=clean({
+                    "input": texts[part], "model": model, "encoding_format": "base64", "target_space": target_space,
+                    "input_type": input_type, "truncate": None if truncate is True else truncate, **pin}), retry=True)
+            except ValidationError as e:  # the service counts the batch's rows: name the caller's
+                for d in e.details:
+                    loc = d.get("loc") if isinstance(d, dict) else None
+                    if part.start and isinstance(loc, list) and loc[:2] == ["body", "input"] and len(loc) > 2 \
+                            and isinstance(loc[2], int):
+                        d["loc"] = [*loc[:2], part.start + loc[2], *loc[3:]]
+                        d.setdefault("ctx", {})["batch_rows"] = [part.start, part.stop - 1]
+                raise
             pin.update(pinned(answer))
             if not path:
                 path.append([f"{m['name']}:{m['version']}" for m in answer.get("maps") or []])

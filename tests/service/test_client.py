@@ -832,3 +832,16 @@ def test_embed_counts_or_refuses_the_texts_the_model_cuts(vb):
         vb.embed(["a cat", long], "all-MiniLM-L6-v2", truncate=False)
     with pytest.raises(InputError, match="truncate must be True or False"):
         vb.embed(["a cat"], "all-MiniLM-L6-v2", truncate="no")
+
+
+@both_clients
+def test_embed_in_batches_names_the_callers_row_of_a_text_too_long(server, client_cls):
+    """Sent in batches, a text refused for its length (``truncate=False``) was named by its row in the batch in
+    ``details[0]["loc"]`` (the message's note mapped it, the details did not): both name the caller's row now."""
+    long = " ".join(["the quick brown fox jumps over the lazy dog"] * 40)  # ~360 word pieces
+    with client_cls(server[0], api_key=WKEY, batch_size=2) as vb:
+        with pytest.raises(ValidationError) as e:
+            vb.embed(["a cat", "a dog", "a bird", long], "all-MiniLM-L6-v2", truncate=False)
+    detail = e.value.details[0]
+    assert detail["loc"] == ["body", "input", 3] and detail["ctx"]["batch_rows"] == [2, 3], detail
+    assert "row 1 of the batch is row 3 of the input" in e.value.message, e.value.message
