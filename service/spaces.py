@@ -34,6 +34,7 @@ from align.exceptions import InputError, VecbridgeError
 from align.frames import (
     MEAN_CHECK_MIN_NORM,
     MEAN_CHECK_MIN_ROWS,
+    SAME_SPACE_CHECKED_COSINE,
     SAME_SPACE_MIN_COSINE,
     Frame,
     mean_sum,
@@ -98,7 +99,13 @@ class Verdict:
 
     @property
     def checked(self) -> bool:
-        return self.own is not None and self.own >= SAME_SPACE_MIN_COSINE
+        return self.own is not None and self.own >= SAME_SPACE_CHECKED_COSINE
+
+    @property
+    def maybe_other_model(self) -> bool:
+        """Recognised only as a related model's rows are (or one narrow topic of the space's own): between
+        :data:`~align.frames.SAME_SPACE_MIN_COSINE` and :data:`~align.frames.SAME_SPACE_CHECKED_COSINE`."""
+        return self.own is not None and SAME_SPACE_MIN_COSINE <= self.own < SAME_SPACE_CHECKED_COSINE
 
 
 class _Rows:
@@ -145,14 +152,14 @@ def shares_direction(V: np.ndarray) -> bool:
 def judge_rows(V: np.ndarray, own: Sequence[Frame], others: Sequence[Reference], *, name: str = "rows") -> Verdict:
     """The rule: the rows ``V`` (n, d; finite) against the declared space's reference frames ``own`` and other
     spaces' references ``others`` (those of another width are passed over). ``own`` recognises them
-    (``>= SAME_SPACE_MIN_COSINE``): checked, the others are not read. Below, another space whose reference gives at
+    (``>= SAME_SPACE_CHECKED_COSINE``): checked, the others are not read. Below, another space whose reference gives at
     least :data:`MISMATCH_MIN_COSINE` and :data:`MISMATCH_MARGIN` more than ``own``, for rows that share a direction
     (:func:`shares_direction`), is the mismatch; else nothing decided (a narrow topic, a related model, chance, a
     model none of them knows). ``own`` None (no reference, too few rows, no common direction): nothing decided."""
     rows = V if isinstance(V, _Rows) else _Rows(V, name)
     V = rows.V
     c_own = _cosine(own, rows) if len(V) else None
-    if c_own is None or c_own >= SAME_SPACE_MIN_COSINE:
+    if c_own is None or c_own >= SAME_SPACE_CHECKED_COSINE:
         return Verdict(c_own)
     seen = [(r, c) for r in others if (c := rows.cosine(r.frame)) is not None]
     best = max(seen, key=lambda rc: rc[1], default=None)
@@ -290,6 +297,12 @@ def _check_rows(V, space: str, references, *, name: str, fix: str, own_extra) ->
                                     f"from or into it)" if not own else
                                     f"unchecked: {name} share no common direction to compare")
     figures = ", ".join(f"{c:.2f} with {r.space!r}" for r, c in verdict.seen)
+    if verdict.maybe_other_model:
+        return RowsCheck("undecided", f"{name} are unchecked by rows and may be from another model: mean direction "
+                                      f"cosine {verdict.own:.2f} with space {space!r}'s reference"
+                                      + (f" ({figures})" if figures else "") + ", where rows of the space give ~0.9 "
+                                      f"(below {SAME_SPACE_CHECKED_COSINE}: a related model's rows, or one narrow "
+                                      f"topic of the space's own)")
     return RowsCheck("undecided", f"{name} are unchecked by rows: mean direction cosine {verdict.own:.2f} with "
                                   f"space {space!r}'s reference" + (f" ({figures})" if figures else "")
                                   + f", below {SAME_SPACE_MIN_COSINE}: rows of one narrow topic, or of a model the "

@@ -17,9 +17,10 @@ metadata), else :class:`SpaceMismatchError` — a same-dimension map the wrong w
 on a MiniLM collection) is refused. When neither is known (a collection vecbridge did not make records no space,
 and no ``source_space`` was given), the first rows are checked instead (:func:`check_rows_space`), before anything
 is written: their mean direction against the map's source frame mean (:meth:`align.Frame.mean_cosine`), and when
-that is below :data:`align.frames.SAME_SPACE_MIN_COSINE`, against its target frame's: rows that look like the map's
+that is below :data:`align.frames.SAME_SPACE_CHECKED_COSINE`, against its target frame's: rows that look like the map's
 target space are refused (a map the wrong way round); rows neither side recognises (one narrow topic, another
-model) pass, "unchecked by rows" in the report. The target records the map's target space.
+model) pass, "unchecked by rows" in the report (from :data:`align.frames.SAME_SPACE_MIN_COSINE` up: "may be from
+another model", as a related model's rows score). The target records the map's target space.
 
 Metric: the target ranks as the source does (``metric=None``): an inner-product (``ip``) collection gives an ``ip``
 target, so searches that name the metric keep working after the alias switch; a metric the adapters cannot create
@@ -56,7 +57,7 @@ import numpy as np
 from align.exceptions import Cancelled, DimensionMismatchError, InputError
 from align.chain import MapChain
 from align.cluster import ClusterMap
-from align.frames import MEAN_CHECK_MIN_NORM, MEAN_CHECK_MIN_ROWS, SAME_SPACE_MIN_COSINE
+from align.frames import MEAN_CHECK_MIN_NORM, MEAN_CHECK_MIN_ROWS, SAME_SPACE_CHECKED_COSINE, SAME_SPACE_MIN_COSINE
 from align.maps import LinearMap, load_map
 
 from .base import (METRICS, CheckpointMismatchError, CollectionExistsError, CollectionNotFoundError,
@@ -201,8 +202,13 @@ def check_rows_space(store: VectorStore, source: str, map_, map_src: str | None,
             f"with its own): a map the wrong way round? Use the map in the other direction; if the collection really "
             f"is in {map_src or 'the space the map reads'}, say so with {option} {space}")
     c_tgt = verdict.seen[0][1] if verdict.seen else None
-    return (f"unchecked by rows: mean direction cosine {cos:.2f} with the map's {side}"
-            + (f" and {c_tgt:.2f} with its target side" if c_tgt is not None else "")
+    tgt_fig = f" and {c_tgt:.2f} with its target side" if c_tgt is not None else ""
+    if verdict.maybe_other_model:  # a related model's rows score here (paraphrase-L3 through a MiniLM map: 0.37)
+        return (f"unchecked by rows: the rows may be from another model: mean direction cosine {cos:.2f} with the "
+                f"map's {side}{tgt_fig}, where rows of that space give ~0.9 (below {SAME_SPACE_CHECKED_COSINE}: a "
+                f"related model, or one narrow topic; {option} {space} declares the space); "
+                f"{unchecked.removeprefix('unchecked: ')}")
+    return (f"unchecked by rows: mean direction cosine {cos:.2f} with the map's {side}{tgt_fig}"
             + f" (below {SAME_SPACE_MIN_COSINE}: rows of one narrow topic, or of another model; {option} {space} "
             f"declares the space); {unchecked.removeprefix('unchecked: ')}")
 
