@@ -22,18 +22,26 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["INDEX_OPTIONS", "column_rules", "copy_structures", "plain_index", "vector_indexes"]
+__all__ = ["DISTANCE_OPS", "INDEX_OPTIONS", "OPS_METRIC", "column_rules", "copy_structures", "kept_opclass",
+           "plain_index", "plain_opclass", "vector_indexes"]
 
 _CREATE_INDEX = re.compile(r"^(CREATE (?:UNIQUE )?INDEX) \S+ ON (?:ONLY )?\S+ (USING .*)$", re.DOTALL)
 INDEX_OPTIONS = {"hnsw": ("m", "ef_construction"), "ivfflat": ("lists",)}  # the WITH options a target copies
+#: an index's operator class (less its vector type): the metric it serves
+OPS_METRIC = {"cosine_ops": "cosine", "ip_ops": "ip", "l2_ops": "l2", "l1_ops": "l1"}
+#: metrics no vecbridge table records but a user's table's index can serve: the distance operator that searches them
+DISTANCE_OPS = {"l2": "<->", "l1": "<+>"}
 _PG_INDEX_DEFAULTS = {"m": 16, "ef_construction": 64, "lists": 100}  # pgvector's own, for an option not given
 
 
-def vector_indexes(conn, table: str, vector_field: str) -> list[tuple[str, list | None, bool]]:
-    """``(method, reloptions, plain)`` of every HNSW / IVFFlat index on ``table`` (in the current schema), ``plain``
-    when it indexes ``vector_field`` itself (not an expression of it, e.g. ``(embedding::halfvec(384))``)."""
-    return [(str(m), o, bool(plain)) for m, o, plain in conn.execute(
-        "SELECT am.amname, c.reloptions, coalesce(i.indnatts = 1 AND a.attname = %s, false) "
+def vector_indexes(conn, table: str, vector_field: str) -> list[tuple[str, list | None, bool, str]]:
+    """``(method, reloptions, plain, opclass)`` of every HNSW / IVFFlat index on ``table`` (in the current schema),
+    ``plain`` when it indexes ``vector_field`` itself (not an expression of it, e.g. ``(embedding::halfvec(384))``),
+    ``opclass`` its operator class (``vector_cosine_ops``, ``halfvec_ip_ops``, ``vector_l2_ops``: the distance it
+    serves)."""
+    return [(str(m), o, bool(plain), str(opc)) for m, o, plain, opc in conn.execute(
+        "SELECT am.amname, c.reloptions, coalesce(i.indnatts = 1 AND a.attname = %s, false), "
+        "(SELECT opc.opcname FROM pg_opclass opc WHERE opc.oid = i.indclass[0]) "
         "FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid JOIN pg_am am ON am.oid = c.relam "
         "JOIN pg_class t ON t.oid = i.indrelid JOIN pg_namespace n ON n.oid = t.relnamespace "
         "LEFT JOIN pg_attribute a ON a.attrelid = t.oid AND a.attnum = i.indkey[0] "
@@ -41,15 +49,30 @@ def vector_indexes(conn, table: str, vector_field: str) -> list[tuple[str, list 
         "ORDER BY c.relname", (vector_field, table))]
 
 
-def plain_index(found: list[tuple[str, list | None, bool]]) -> tuple[str, dict[str, int]] | None:
+def plain_index(found: list[tuple[str, list | None, bool, str]]) -> tuple[str, dict[str, int]] | None:
     """The first index of the vector column itself among :func:`vector_indexes`' answer: ``(method, options)``, an
     option it was built without at pgvector's default; None when there is none."""
-    for method, reloptions, plain in found:
+    for method, reloptions, plain, _ in found:
         if plain:
             opts = dict(o.split("=", 1) for o in reloptions or [] if "=" in o)
             return method, {k: int(opts[k]) if str(opts.get(k, "")).isdigit() else _PG_INDEX_DEFAULTS[k]
                             for k in INDEX_OPTIONS[method]}
     return None
+
+
+def plain_opclass(found: list[tuple[str, list | None, bool, str]]) -> str | None:
+    """The operator class of :func:`plain_index`'s index less its vector type (``cosine_ops``, ``ip_ops``,
+    ``l2_ops``, ``l1_ops``), None when there is none."""
+    return next((opc.split("_", 1)[1] for _, _, plain, opc in found if plain and "_" in opc), None)
+
+
+def kept_opclass(found: list[tuple[str, list | None, bool, str]], spec, metric: str) -> str | None:
+    """The operator class (less its vector type) of the source index :func:`plain_index` reads from ``found`` when a
+    target of ``metric`` built as ``spec`` keeps it: ``spec`` is that index and it serves ``metric`` or a distance no
+    table records (``l2_ops``, ``l1_ops``: on the unit rows a map writes L2 ranks as cosine does, and the source's
+    ``<->`` queries keep their index); None: the target's metric's own."""
+    src = plain_opclass(found) if spec is not None and plain_index(found) == spec else None
+    return src if src is not None and OPS_METRIC.get(src) in (metric, *DISTANCE_OPS) else None
 
 
 def _regclass(table: str) -> str:

@@ -40,7 +40,8 @@ from ..urls import check_pg_userinfo
 from .base import (Batch, CollectionNotFoundError, Sentinel, UnsupportedFieldError, VectorDBError, VectorStore,
                    _pad_results, as_ids, check_metric, check_name, close_quietly, id_key, pg_connect, rows_in_order)
 from .lost import lost_as_unavailable
-from .pg_schema import INDEX_OPTIONS, column_rules, copy_structures, plain_index, vector_indexes
+from .pg_schema import (DISTANCE_OPS, INDEX_OPTIONS, OPS_METRIC, column_rules, copy_structures, kept_opclass,
+                        plain_index, plain_opclass, vector_indexes)
 
 __all__ = ["JSON_NULL", "JsonDict", "JsonList", "PgVectorStore"]
 
@@ -212,8 +213,13 @@ class PgVectorStore(VectorStore):
                                                                       sql.Literal(text)))
 
     def metric(self, name: str) -> str:
-        """The metric recorded for a table (an alias resolves to its table)."""
-        return self._comment(name).get("metric", "cosine")
+        """The metric recorded for a table (an alias resolves to its table); for a table vecbridge did not make
+        (none recorded), the one its vector index serves (``USING hnsw (embedding vector_ip_ops)``: ``"ip"``,
+        ``vector_l2_ops``: ``"l2"``), cosine without one."""
+        recorded = self._comment(name).get("metric")
+        if recorded is not None:
+            return recorded
+        return OPS_METRIC.get(plain_opclass(self._vector_indexes(name)) or "", "cosine")
 
     def get_space(self, name: str) -> str | None:
         return self._comment(name).get("space")
@@ -478,10 +484,10 @@ class PgVectorStore(VectorStore):
     def _search(self, name, Q, k):
         from psycopg import sql
 
-        op, _ = _OPS[self.metric(name)]
+        op = _OPS.get(metric := self.metric(name), (DISTANCE_OPS.get(metric, "<=>"),))[0]
         v, i = sql.Identifier(self.vector_field), sql.Identifier(self.id_field)
         p = sql.SQL("%s::{}").format(sql.SQL(self._vec_type(name)))  # a query vector as the column's own type
-        score = sql.SQL("1 - ({} <=> {})" if op == "<=>" else "-({} <#> {})").format(v, p)
+        score = sql.SQL("1 - ({} <=> {})" if op == "<=>" else f"-({{}} {op} {{}})").format(v, p)
         q = sql.SQL("SELECT {}, {} FROM {} ORDER BY {} {} {} LIMIT %s").format(
             i, score, self._ident(name), v, sql.SQL(op), p)
         out = []
@@ -536,21 +542,27 @@ class PgVectorStore(VectorStore):
         exact-scan target), so a migration keeps the recall / speed trade-off its user chose; the HNSW default when
         ``like`` indexes only expressions of its vectors, or without ``like``. With ``like``, also that table's
         constraints and other indexes (:func:`~service.vectordb.pg_schema.copy_structures`)."""
-        from psycopg import sql
+        from psycopg import errors as pg_errors, sql
 
         self._require(name)
-        ops = f"{self._vec_type(name)}_{_OPS[self.metric(name)][1]}"
+        metric = self.metric(name)
         spec, _ = self._index_spec(like)
+        kept = kept_opclass(self._vector_indexes(like), spec, metric) if like and self.index == "like" else None
+        ops = f"{self._vec_type(name)}_{kept or _OPS.get(metric, _OPS['cosine'])[1]}"
         if spec is not None:
             method, opts = spec
             counted = method == "ivfflat" and "lists" not in opts  # the rows are counted only when needed
             opts = self._with_defaults(method, opts, lists=max(1, int(round(self.count(name) ** 0.5))) if counted
                                        else None)
-            self.conn.execute(sql.SQL("CREATE INDEX IF NOT EXISTS {} ON {} USING {} ({} {}) WITH ({})").format(
+            create = sql.SQL("CREATE INDEX IF NOT EXISTS {} ON {} USING {} ({} {}) WITH ({})").format(
                 sql.Identifier(f"{name}_{method}"[:63]), self._ident(name), sql.SQL(method),
                 sql.Identifier(self.vector_field), sql.SQL(ops),
                 sql.SQL(", ").join(sql.SQL("{} = {}").format(sql.SQL(k), sql.Literal(int(opts[k])))
-                                   for k in INDEX_OPTIONS[method])))
+                                   for k in INDEX_OPTIONS[method]))
+            try:  # a migrate killed (kill -9) in its build leaves that CREATE INDEX running on the server: ours
+                self.conn.execute(create)  # waits for it, then collides on the name once it commits (was exit 3)
+            except pg_errors.UniqueViolation:  # the same run's index (the checkpoint holds its options): kept
+                self.conn.execute(create)
         if like is not None:  # the source's constraints and other indexes (filters on its fields stay fast)
             with self.conn.transaction():
                 copy_structures(self.conn, self.resolve_alias(like) or like, name, self.vector_field)
