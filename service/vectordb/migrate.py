@@ -67,8 +67,8 @@ from ..spaces import SPACE_SAMPLE_ROWS, Reference, judge_rows
 from .checkpoint import Checkpoint, MemoryCheckpoint
 from .holder import this_process
 from .keep import KEEP_WORDS, KeepSet, check_keep_resume, keep_set
-from .migrate_notes import (NULLS_DROPPED_BEFORE, SOURCE_CHANGED, SOURCE_CHANGED_SINCE, check_vectors,
-                            metric_notes)
+from .migrate_notes import (LOCAL_QDRANT_SLOW, NULLS_DROPPED_BEFORE, SOURCE_CHANGED, SOURCE_CHANGED_SINCE,
+                            check_vectors, metric_notes)
 
 __all__ = ["migrate", "resolve_map", "map_spaces", "is_artifact_path", "map_fingerprint", "MigrationProgress", "MigrationReport",
            "MigrationInterrupted"]
@@ -414,6 +414,8 @@ def _dry_run(store: VectorStore, source: str, target: str, map_, *, state, start
         map_s, n = time.perf_counter() - t, len(batch)
         extra["fields"] = sorted(_fields_of(store, batch))
     todo = 0 if start == "finished" else max(0, total - (int(state["done"]) if state is not None else 0))
+    if store.engine == "qdrant" and getattr(store, "server_url", "") is None and todo:  # local mode
+        extra["warnings"] = [*extra["warnings"], LOCAL_QDRANT_SLOW]
     extra.update(dry_run=True, start=start, rows_to_write=todo, sample_rows=n, sample_read_s=read_s,
                  sample_map_s=map_s, read_map_estimate_s=(read_s + map_s) * todo / n if n else 0.0)
     rows = store.count(target) if start in ("resume", "finished") else 0

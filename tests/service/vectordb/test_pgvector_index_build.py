@@ -35,7 +35,8 @@ def _waiting(conn, pid: int) -> bool:
     return conn.execute("SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = %s", (pid,)).fetchone()[0]
 
 
-def test_a_build_of_the_same_index_left_running_by_a_killed_run_is_waited_for_not_an_internal_error(pg, pg_url):  # noqa: F811
+def test_a_build_of_the_same_index_left_running_by_a_killed_run_is_waited_for_not_an_internal_error(
+        pg, pg_url):  # noqa: F811
     X = np.random.default_rng(0).standard_normal((200, 8)).astype(np.float32)
     pg.create("ib_dst", 8)
     pg.upsert("ib_dst", np.arange(len(X)), X)
@@ -79,8 +80,8 @@ def _opclasses(store, table: str) -> list[str]:
     ("USING ivfflat (embedding vector_l2_ops) WITH (lists = 7)", "l2", "cosine", "vector_l2_ops",
      ("ivfflat", {"lists": 7})),
 ])
-def test_a_user_tables_inner_product_or_l2_index_keeps_its_metric_and_operator_class(pg, pg_url, tmp_path, index_sql,  # noqa: F811
-                                                                                     metric, target_metric, kept, spec):
+def test_a_user_tables_inner_product_or_l2_index_keeps_its_metric_and_operator_class(
+        pg, pg_url, tmp_path, index_sql, metric, target_metric, kept, spec):  # noqa: F811
     """QA: a table made by hand (no vecbridge comment) indexed ``vector_ip_ops`` or ``vector_l2_ops`` was read as
     cosine (the metric came from the comment only) and its target got a cosine index: the source's ``<#>`` /
     ``<->`` queries lost their index after the alias switch, and an inner-product source an inner-product target.
