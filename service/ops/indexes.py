@@ -122,7 +122,9 @@ def space_encoder(registry, space: str, load_encoder: Callable[[str], Any]) -> t
     info = registry.get_space(space)
     if not info.encoder:
         raise UnknownEncoderError(
-            f"space {space!r} has no encoder registered, so texts cannot be embedded in it; send vectors")
+            f"space {space!r} has no encoder registered, so texts cannot be embedded in it (a space `fit` made records "
+            f"none): register its model with `vecbridge spaces add {space} --encoder NAME` (POST /v1/spaces "
+            f"{{\"name\": \"{space}\", \"encoder\": NAME}}), or send vectors")
     return load_encoder(info.encoder), info
 
 
