@@ -89,13 +89,13 @@ def test_an_inner_product_source_gives_an_ip_target_and_says_its_norms_are_not_c
         assert (s.metric("ip_src"), s.metric("cos_src")) == ("ip", "cosine")
         dry = migrate(s, "ip_src", "ip_dst", m, dry_run=True)
         assert dry.extra["metric"] == "ip" and not s.exists("ip_dst")
-        assert len(dry.extra["warnings"]) == 1 and "inner product" in dry.extra["warnings"][0]
-        assert "norms are not carried" in dry.extra["warnings"][0]
+        said = [w for w in dry.extra["warnings"] if "Qdrant local mode" not in w]  # a local folder's: its own test
+        assert len(said) == 1 and "inner product" in said[0] and "norms are not carried" in said[0]
         quiet = migrate(s, "cos_src", "cos_dst", m)
         assert quiet.extra["warnings"] == [] and s.metric("cos_dst") == "cosine"
     rep = run_migration(store_url=url, source="ip_src", target="ip_dst", map_ref=m, checkpoint=tmp_path / "ck.json",
                         batch_size=64)
-    assert rep.extra["metric"] == "ip" and rep.extra["warnings"] == dry.extra["warnings"]
+    assert rep.extra["metric"] == "ip" and rep.extra["warnings"] == said
     with open_store(url) as s:
         assert s.metric("ip_dst") == "ip"
         Y = m.apply(X, output="raw")
