@@ -182,6 +182,8 @@ class _MigrationProgress:
                 self.bar = tqdm(total=p.total, initial=before, unit="rows", desc=self.desc, file=sys.stderr,
                                 dynamic_ncols=True)
             self.bar.update(p.done - self.bar.n)
+            if p.stage == "index":  # every row written: the bar at 100 % says what the wait is
+                self.bar.set_description(f"{self.desc}: building the index", refresh=True)
 
     def close(self) -> None:
         if self.bar is not None:

@@ -489,8 +489,10 @@ def list_checkpoints(data_dir, store_url: str | None = None) -> list[dict]:
 
 
 def progress_record(p: MigrationProgress) -> dict:
-    """The JSON line both faces print per batch: ``done``, ``total``, ``last_id``, ``rows_per_s``."""
-    return {"done": p.done, "total": p.total, "last_id": p.last_id, "rows_per_s": round(p.rows_per_s, 1)}
+    """The JSON line both faces print per batch: ``done``, ``total``, ``last_id``, ``rows_per_s``, ``stage``
+    (``"migrate"``; ``"index"`` once, as the target's index build begins)."""
+    return {"done": p.done, "total": p.total, "last_id": p.last_id, "rows_per_s": round(p.rows_per_s, 1),
+            "stage": p.stage}
 
 
 def configured_url(settings) -> str:

@@ -243,6 +243,7 @@ class MigrationProgress:
     last_id: int | str | None  # str: a UUID point id (Qdrant)
     elapsed_s: float     # this run
     rows_per_s: float    # this run
+    stage: str = "migrate"  # "index": every row written, the target's index being built (no fraction to tell)
 
     @property
     def fraction(self) -> float:
@@ -562,7 +563,11 @@ def _migrate(store: VectorStore, source: str, target: str, map_, *, alias, batch
                     raise stopped from exc
             if should_stop is not None and should_stop():
                 raise stopped
-        _finalize(store, source, target, should_stop, int(state["done"]), int(total))
+        el = time.perf_counter() - t0
+        _finalize(store, source, target, should_stop, int(state["done"]), int(total), None if progress is None else
+                  lambda: progress(MigrationProgress(source, target, int(state["done"]), int(total),
+                                                     int(state["batches"]), state["last_id"], el,
+                                                     rows_run / el if el > 0 else 0.0, stage="index")))
         n_src, n_tgt = store.count(source), store.count(target)
         if n_src != n_tgt:  # the scan resumes after the last id written: a row written to the source meanwhile at an id
             # already passed (a random UUID lands there about as often as not), or one deleted from it, did not travel
@@ -587,13 +592,20 @@ def _migrate(store: VectorStore, source: str, target: str, map_, *, alias, batch
                            int(state["batches"]), time.perf_counter() - t0, fp, extra=extra, **_kept(state, keep))
 
 
-def _finalize(store, source: str, target: str, should_stop, done: int, total: int) -> None:
+def _finalize(store, source: str, target: str, should_stop, done: int, total: int,
+              announce: Callable[[], None] | None = None) -> None:
     """``store.finalize`` (the index build: ~85% of a pgvector migration's time), stopped by a stop asked meanwhile:
-    MigrationInterrupted, also when the engine could not cancel it (it ran to its end). A Ctrl-C there exited 0."""
+    MigrationInterrupted, also when the engine could not cancel it (it ran to its end). A Ctrl-C there exited 0.
+    ``announce()``: the progress report of stage "index" before it (the bar sat at 100 % through the build)."""
     stopped = MigrationInterrupted(f"stopped while building the index of {target} (all {done} of {total} rows "
                                    "written and checkpointed); run the same command again to build it", done, total)
     if should_stop is not None and should_stop():  # asked before the build began: none is started
         raise stopped
+    if announce is not None:
+        try:  # a job's progress raises Cancelled on a cancel
+            announce()
+        except Cancelled as exc:
+            raise stopped from exc
     store.finalizing = True
     try:
         store.finalize(target, like=source)

@@ -88,7 +88,7 @@ def create_migration(body: bytes, request, state, settings):
         ctx.progress("connect", 0.0)
 
         def progress(p):  # raises Cancelled on DELETE /v1/jobs/{id}: the batch just written is checkpointed
-            ctx.progress("migrate", p.done / p.total if p.total else 1.0)
+            ctx.progress(p.stage, 0.0 if p.stage == "index" else p.done / p.total if p.total else 1.0)
 
         rep = run_migration(store_url=url, source=opts.source, target=opts.target, map_ref=ref,
                             checkpoint=checkpoint, registry=state.registry, alias=opts.alias,
