@@ -73,7 +73,8 @@ def test_migrate_writes_mapped_rows_same_ids_and_switches_alias(store, data):
     seen = []
     rep = migrate(store, "src", "dst", m, alias="live", batch_size=128, progress=seen.append)
     assert rep.rows == rep.rows_this_run == 600 and rep.batches == 5 and rep.resumed_from is None
-    assert [p.done for p in seen] == [128, 256, 384, 512, 600] and seen[-1].fraction == 1.0
+    assert [(p.stage, p.done) for p in seen] == [*(("migrate", n) for n in (128, 256, 384, 512, 600)), ("index", 600)]
+    assert seen[-1].fraction == 1.0
     np.testing.assert_array_equal(store.ids("dst"), ids)
     b = store.fetch("dst", ids[::7])
     np.testing.assert_allclose(b.vectors, m.apply(X[::7], output="raw"), atol=1e-5)
