@@ -19,8 +19,9 @@ def verify_registry(reg, sweep: bool = False) -> dict:
     "version_gaps", "orphan_artifacts"`` (lists), ``"tmp_files", "n_versions", "n_steer_versions", "n_collected",
     "n_deleted"}`` and ``"missing_reports"`` (maps and steers alike; deleted: those whose files ``registry gc``
     has not removed yet, collected: those it has, whose artifacts are not looked for). ``orphan_artifacts``: files
-    no version names but a collected one (the next ``registry gc`` removes them) or none at all (a writer killed between storing its artifact
-    and committing its row: ``registry gc --orphans`` removes them once untouched for ``store.STALE_TMP_S``).
+    no version names but a collected one (the next ``registry gc`` removes them) or none at all (a writer killed
+    between storing its artifact and committing its row: ``registry gc --orphans`` removes them once untouched for
+    ``store.STALE_TMP_S``).
     ``database``: what ``quick_check`` found; then no row is read (lists empty, counts None).
     ``aliases_on_deleted`` (``name@alias -> N``): aliases left on a deleted version, legal (a delete keeps them,
     for lineage) and not a failure, but such an alias no longer resolves. ``deleted_files_gone`` (``name:N: why``):

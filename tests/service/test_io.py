@@ -89,7 +89,8 @@ def test_npz_key_and_parquet_column(tmp_path):
         read_vectors(tmp_path / "ragged.parquet")
     # a null row, and a null inside a row (pyarrow turned that one into NaN: "X: 1 row(s) contain NaN", no file)
     for name, rows, what in (("nullrow", [[1.0, 2.0], None], "null rows"),
-                             ("nullval", [[1.0, None], [3.0, 4.0]], "null values inside its vectors (the first in row 0")):
+                             ("nullval", [[1.0, None], [3.0, 4.0]],
+                              "null values inside its vectors (the first in row 0")):
         pq.write_table(pa.table({"v": rows}), tmp_path / f"{name}.parquet")
         with pytest.raises(FormatError, match=f"^{name}.parquet: the vector column has {re.escape(what)}"):
             read_vectors(tmp_path / f"{name}.parquet")
