@@ -317,6 +317,11 @@ ENCODERS: dict[str, tuple[int, str, Callable[[], Encoder]]] = {
 _EXTRA_PACKAGES = {MPNET_PARTS[0]: MPNET_PARTS[1:]}
 _ALIASES = {"minilm": "all-MiniLM-L6-v2", "e5": "multilingual-e5-small", "e5-small": "multilingual-e5-small",
             "mpnet": "all-mpnet-base-v2"}
+#: the Hugging Face hub ids of the same models (what a space registered elsewhere, or through the Python
+#: ``Registry.register_space``, may record): the same model, so the same vectors
+_HUB_IDS = {"sentence-transformers/all-MiniLM-L6-v2": "all-MiniLM-L6-v2",
+            "intfloat/multilingual-e5-small": "multilingual-e5-small",
+            "sentence-transformers/all-mpnet-base-v2": "all-mpnet-base-v2"}
 
 
 def _installed(package: str) -> bool:
@@ -343,40 +348,54 @@ def list_encoders() -> list[dict]:
 
 
 def canonical_name(name: str) -> str:
+    """``name`` (a model name, a short alias or the model's hub id) as the model's name here; UnknownEncoderError
+    for a model this release does not know."""
     if not isinstance(name, str):
         raise UnknownEncoderError("encoder name must be a string")
-    key = _ALIASES.get(name, name)
+    key = _ALIASES.get(name) or _HUB_IDS.get(name, name)
     if key not in ENCODERS:
         raise UnknownEncoderError(f"unknown encoder {name!r}; known: {', '.join(ENCODERS)}")
     return key
 
 
-def space_encoder(space: str, registered: str | None, encoder: str | None, *, remedy: str | None = None,
+def space_encoder(space: str, registered: str | None, encoder: str | None, *,
+                  remedy: str | Callable[[str | None], str | None] | None = None,
                   collection: str | None = None) -> str | None:
     """The encoder that embeds texts for ``space``: ``registered`` (the space's), which ``encoder`` must name too
-    when given, else ``encoder``; None when neither is known. Another model than the space's is an InputError: its
-    vectors, of the same width, would be taken for the space's and find nothing. The one check of every face (fit,
-    transform, index, steer, ``embed --space``, verify): ``remedy`` is the caller's hint in the message, in its own
-    words (a CLI flag, an HTTP field; default: omit the encoder); ``collection`` names the collection that records
+    when given, else ``encoder``; None when neither is known. Names compare as models (:func:`canonical_name`: an
+    alias or a hub id is its model). Another model than the space's is an InputError: its vectors, of the same
+    width, would be taken for the space's and find nothing. The one check of every face (fit, transform, index,
+    steer, ``embed --space``, verify): ``remedy`` is the caller's hint in the message, in its own words (a CLI flag,
+    an HTTP field; default: omit the encoder), or a callable given the space's model name (None when this release
+    cannot load it: no hint then names it as an encoder); ``collection`` names the collection that records
     ``space`` (verify). An unknown ``encoder`` is UnknownEncoderError; a ``registered`` name this release does not
-    know is compared as written (another name is another model)."""
+    know is another model than any it can load, and the message says so."""
     if registered and encoder:
         name = canonical_name(encoder)
-        if name != _model(registered):
-            hint = remedy or "omit the encoder to use the space's"
-            lead = (f"collection {collection!r} records space {space!r}, embedded by {registered!r}:" if collection
-                    else f"space {space!r} is embedded by {registered!r};")
+        model = _model(registered)
+        if name != model:
+            hint = remedy(model) if callable(remedy) else remedy
+            if model is None:
+                hint = hint if callable(remedy) else None
+                lead = (f"collection {collection!r} records space {space!r}, which" if collection
+                        else f"space {space!r}")
+                raise InputError(f"{lead} records the model {registered!r}, which this release cannot load: texts "
+                                 f"embedded by {name!r} would not be comparable with its vectors"
+                                 + (f" ({hint})" if hint else ""))
+            hint = hint or "omit the encoder to use the space's"
+            lead = (f"collection {collection!r} records space {space!r}, embedded by {model!r}:" if collection
+                    else f"space {space!r} is embedded by {model!r};")
             raise InputError(f"{lead} texts embedded by {name!r} would not be comparable with its vectors "
                              f"({hint})")
-    return encoder or registered
+    return encoder or (registered and (_model(registered) or registered))
 
 
-def _model(name: str) -> str:
-    """``name`` canonical when this release knows it, else as written."""
+def _model(name: str) -> str | None:
+    """``name``'s model (:func:`canonical_name`), None when this release does not know it."""
     try:
         return canonical_name(name)
     except UnknownEncoderError:
-        return name
+        return None
 
 
 def canonical_names(names) -> list[str]:

@@ -81,5 +81,6 @@ def _check_space(obj: Ctx, space: str, enc) -> bool:
         raise InputError(f"space {space!r} records no encoder; bind one with `vecbridge spaces add {space} --encoder "
                          f"{enc.name}` if {enc.name} embeds it")
     space_encoder(space, info.encoder, enc.name,
-                  remedy=f"embed them with --encoder {info.encoder}, or give another --space")
+                  remedy=lambda model: f"embed them with --encoder {model}, or give another --space" if model
+                  else "give another --space")
     return False

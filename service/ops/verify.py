@@ -44,7 +44,7 @@ def check_encoder_space(registry, collection: str, recorded: str | None, encoder
     try:
         registered = registry.get_space(recorded).encoder
         if registered:
-            canonical_name(registered)
+            registered = canonical_name(registered)  # an alias or a hub id: the name --encoder takes
     except NotFoundError:  # the space, or its encoder's name (UnknownEncoderError: a model this release does not know)
         return
     said = (f"{encoder_option} {registered}" if encoder_option.startswith("--")

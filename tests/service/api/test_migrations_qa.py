@@ -109,8 +109,9 @@ def test_the_encoder_check_is_one_and_says_each_faces_fix():
     texts are embedded by the space's own model: one (service.encoders.space_encoder) now, its refusal worded alike
     ("texts embedded by X would not be comparable with its vectors") and ending on the caller's fix: verify names
     the flag (--encoder NAME) on the command line and the request's field ("encoder") over HTTP. A space registered
-    with a model this release does not know: another model is refused by name (it was a 404 "unknown encoder" for
-    the space's own name); verify runs as asked there (it cannot know the model is another one)."""
+    with a model this release does not know: another model is refused, saying the space's cannot be loaded here (it
+    was a 404 "unknown encoder" for the space's own name); verify runs as asked there (it cannot know the model is
+    another one)."""
     from service.encoders import UnknownEncoderError, space_encoder
     from service.ops.verify import check_encoder_space
 
@@ -129,8 +130,12 @@ def test_the_encoder_check_is_one_and_says_each_faces_fix():
                                          r"'multilingual-e5-small' would not be comparable with its vectors "
                                          r"\(omit the encoder to use the space's\)$"):
         space_encoder("s", "all-MiniLM-L6-v2", "e5")
-    with pytest.raises(InputError, match=r"embedded by 'their-model'; .* \(give --encoder their-model\)$"):
+    # a model this release cannot load is said so, with no fix naming it as an encoder (one the CLI refuses)
+    with pytest.raises(InputError, match=r"^space 's' records the model 'their-model', which this release cannot "
+                                         r"load: texts embedded by 'all-MiniLM-L6-v2' would not be comparable with "
+                                         r"its vectors$"):
         space_encoder("s", "their-model", "minilm", remedy="give --encoder their-model")
+    assert space_encoder("s", "sentence-transformers/all-MiniLM-L6-v2", "minilm") == "minilm"  # its hub id: the model
     with pytest.raises(UnknownEncoderError, match="unknown encoder 'nope'"):  # an unknown name given: still a 404
         space_encoder("s", "all-MiniLM-L6-v2", "nope")
     theirs = SimpleNamespace(get_space=lambda name: SimpleNamespace(encoder="their-model"))

@@ -157,6 +157,35 @@ def test_embed_space_registers_the_encoder_and_refuses_another(capsys, encoders,
     assert reg.get_space("wide").encoder is None
 
 
+def test_embed_space_compares_models_not_names(capsys, encoders, texts):
+    """Review: a space registered through the Python Registry with the hub id of our MiniLM
+    ('sentence-transformers/all-MiniLM-L6-v2') was "another model" than --encoder minilm, and the message suggested
+    --encoder sentence-transformers/all-MiniLM-L6-v2, itself refused ("unknown encoder"). The hub id is MiniLM: it
+    embeds; e5 is refused naming a name --encoder takes, which works. A model this release does not know is said so,
+    with no --encoder hint."""
+    from service.registry import open_registry
+
+    var = texts / "var"
+    reg = open_registry(f"sqlite:///{var / 'registry.sqlite'}", var / "artifacts")
+    reg.register_space("theirs", 384, encoder="sentence-transformers/all-MiniLM-L6-v2")
+    reg.register_space("odd", 384, encoder="BAAI/bge-small-en-v1.5")
+    code, out, err = run(capsys, "--data-dir", var, "embed", "--encoder", "minilm", "--space", "theirs",
+                         texts / "t.txt", texts / "o.npy", "--quiet")
+    assert code == 0 and "(space theirs)" in out, err
+    code, out, err = run(capsys, "--data-dir", var, "embed", "--encoder", "e5", "--space", "theirs",
+                         texts / "t.txt", texts / "x.npy", "--quiet")
+    assert code == 2 and not (texts / "x.npy").exists(), err
+    assert ("space 'theirs' is embedded by 'all-MiniLM-L6-v2'; texts embedded by 'multilingual-e5-small' would not "
+            "be comparable with its vectors (embed them with --encoder all-MiniLM-L6-v2, or give another --space)"
+            ) in err
+    code, out, err = run(capsys, "--data-dir", var, "embed", "--encoder", "minilm", "--space", "odd",
+                         texts / "t.txt", texts / "x.npy", "--quiet")
+    assert code == 2 and not (texts / "x.npy").exists(), err
+    assert ("space 'odd' records the model 'BAAI/bge-small-en-v1.5', which this release cannot load: texts embedded "
+            "by 'all-MiniLM-L6-v2' would not be comparable with its vectors (give another --space)") in err
+    assert "--encoder BAAI" not in err
+
+
 def test_embed_space_refuses_a_space_that_records_no_encoder(capsys, encoders, texts):
     """A space fitted from vector files records no encoder: `embed --space` bound the encoder given to it without a
     word (e5 texts then searched a MiniLM index). It is refused, naming the command that binds one; that command
