@@ -17,6 +17,7 @@ JSON header (``format = "vecbridge.MapChain"``); :func:`align.map_from_bytes` re
 
 from __future__ import annotations
 
+import inspect
 import math
 
 import numpy as np
@@ -38,11 +39,25 @@ def map_kind(map_) -> str:
 
 
 def check_map(obj, what: str):
-    """``obj`` when it is a map of any kind (LinearMap, ClusterMap, MapChain: ``apply``, both widths and a target
-    frame, what the chains and the metrics use), else InputError starting with ``what``."""
-    if not all(hasattr(obj, a) for a in ("apply", "source_dim", "target_dim", "target_frame")):
+    """``obj`` when it is a map of any kind (LinearMap, ClusterMap, MapChain: ``apply(X, output=, validate=)``, both
+    widths and a target frame, what the chains and the metrics use), else InputError starting with ``what``."""
+    if not (all(hasattr(obj, a) for a in ("apply", "source_dim", "target_dim", "target_frame"))
+            and _takes_keywords(obj.apply, ("output", "validate"))):
         raise InputError(f"{what} (LinearMap, ClusterMap, MapChain), got {type(obj).__name__}")
     return obj
+
+
+def _takes_keywords(fn, names) -> bool:
+    """Whether ``fn`` can be called with each of ``names`` as a keyword (the metrics call ``apply(X, output=,
+    validate=False)``: a look-alike without ``validate`` failed there with a raw TypeError)."""
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):  # not a callable, or one with no signature to read
+        return False
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return True
+    return all(n in params and params[n].kind in (inspect.Parameter.KEYWORD_ONLY,
+                                                   inspect.Parameter.POSITIONAL_OR_KEYWORD) for n in names)
 
 
 def require_linear(map_, purpose: str):

@@ -337,6 +337,27 @@ def test_the_metrics_refuse_what_is_not_a_map(pairs, not_a_map):
             call()
 
 
+def test_a_map_look_alike_whose_apply_takes_no_validate_is_refused_typed(pairs):
+    """Review: check_map asked for an ``apply`` but not for its ``validate`` keyword, which evaluate, score_map and
+    MapChain then pass: a look-alike with ``apply(X, output=)`` failed with a raw TypeError, not the InputError
+    naming what a map needs."""
+    X, Y = pairs
+    real = align.fit_procrustes(X, Y)
+
+    class LookAlike:
+        source_dim, target_dim, target_frame = real.source_dim, real.target_dim, real.target_frame
+
+        def apply(self, X, *, output="raw", batch_size=65536):
+            return real.apply(X, output=output, batch_size=batch_size)
+
+    for call in (lambda: align.evaluate(LookAlike(), X, Y), lambda: align.migration.score_map(LookAlike(), X, Y)):
+        with pytest.raises(InputError, match=r"needs a map \(LinearMap, ClusterMap, MapChain\)"):
+            call()
+    with pytest.raises(InputError, match="a chain's steps are maps"):
+        align.MapChain([real, LookAlike()])
+    assert align.evaluate(align.MapChain([real]), X, Y)["top1"] == align.evaluate(real, X, Y)["top1"]
+
+
 def test_a_boolean_matrix_or_a_masked_one_is_refused_not_read_as_numbers(pairs):
     """QA: ``m.apply(X > 0)`` mapped the mask as rows of 0/1, and a masked array's hidden values were mapped (the
     mask dropped without a word). Both are InputErrors; X.astype(np.float32) passes 0/1 on purpose."""
