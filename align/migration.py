@@ -371,9 +371,9 @@ def _select_cluster(P: _Problem, tr, val, ridge: LinearMap, alpha: float, opts: 
     return {**scores, **{k: v for k, v in setting.items() if k != "alpha"}}, setting
 
 
-#: what the Sinkhorn refinement does to each family, as the refusals say it (align.semisup.sinkhorn_refine_map)
-_SEMI_REFINES = ("semi_supervised refines an orthogonal Procrustes map only: a ridge, lowrank or contrastive map auto "
-                 "chooses is left as fitted (the fit says so), and auto tries no cluster map with it;")
+#: the lead of each refusal of semi_supervised with auto (align.semisup.sinkhorn_refine_map): what it refines; the
+#: affine map it leaves as fitted is the note of a fit that goes ahead (procrustes among the candidates), not this
+_SEMI_REFINES = "semi_supervised refines an orthogonal Procrustes map only, and auto tries no cluster map with it:"
 
 
 def check_options(method: str, options: dict, n_pairs: int | None = None,
@@ -406,8 +406,8 @@ def check_options(method: str, options: dict, n_pairs: int | None = None,
         raise InputError(_SEMI_REFINES + " candidates=['cluster'] leave auto nothing to fit: give candidates with "
                          "procrustes, or drop semi_supervised")
     if options.get("semi_supervised") and method == "auto" and "procrustes" not in candidates:  # as cluster alone
-        raise InputError(_SEMI_REFINES + f" candidates={list(candidates)} hold no procrustes, so no map auto could "
-                         "choose would be refined: add procrustes to them, or drop semi_supervised")
+        raise InputError(_SEMI_REFINES + f" candidates={list(candidates)} hold no procrustes, so auto would choose a "
+                         "map it never refines: add procrustes to them, or drop semi_supervised")
     _check_holdout(options.get("holdout", 0.2), options.get("max_holdout", 1000))
     if dims is not None and "rank" in options and options["rank"] > min(dims):
         raise InputError(f"rank must be in [1, {min(dims)}] (the narrower side is {min(dims)}-d), "

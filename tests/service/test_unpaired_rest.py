@@ -111,12 +111,18 @@ def test_semi_supervised_that_cannot_refine_the_chosen_map_says_so(capsys, d, tm
     assert code == 2 and "cannot follow method='contrastive'" in err, err
     code, _, err = _fit(capsys, d, *(a.format(d=d) for a in BOTH), "--param", 'candidates=["ridge"]', name="r")
     assert code == 2 and "candidates=['ridge'] hold no procrustes" in err, err
+    # README: on the CLI and over HTTP the method is auto alone (procrustes there is the closed-form fit)
+    code, _, err = _fit(capsys, d, *(a.format(d=d) for a in BOTH), method="procrustes", name="p")
+    assert code == 2 and "apply to --method auto, contrastive, cluster" in err, err
     body = {"name": "old->new", "source_space": "old", "target_space": "new", "method": "auto", "random_state": 3,
             "paired": True, "source": _b64(X[PAIRS]), "target": _b64(Y[PAIRS]), "unpaired_source": _b64(X[200:]),
             "unpaired_target": _b64(Y[200:]), "params": {"semi_supervised": "sinkhorn", "candidates": ["ridge"]}}
     with TestClient(create_app(settings_for(tmp_path / "http", max_body_bytes=4_000_000))) as c:
         r = c.post("/v1/fits", headers=W, json=body)  # ridge alone: nothing it refines, refused before a job
         assert r.status_code == 422 and "candidates=['ridge'] hold no procrustes" in r.text, r.text
+        procrustes = {**body, "method": "procrustes", "params": {"semi_supervised": "sinkhorn"}}
+        r = c.post("/v1/fits", headers=W, json=procrustes)
+        assert r.status_code == 422 and "apply to method auto, contrastive, cluster" in r.text, r.text
         body["params"]["candidates"] = ["procrustes", "ridge"]
         r = c.post("/v1/fits", headers=W, json=body)
         assert r.status_code == 202, r.text
