@@ -15,7 +15,6 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 from _api_support import W, settings_for
-from _jobs_support import wait_http_job
 from fastapi.testclient import TestClient
 
 import align
