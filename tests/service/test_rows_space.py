@@ -63,6 +63,17 @@ def _map(data):
         reg.close()
 
 
+def _version_and_map(data):
+    """minilm-e5@prod's VersionInfo and map."""
+    from service.registry import open_registry
+
+    reg = open_registry(f"sqlite:///{data}/registry.sqlite", data / "artifacts")
+    try:
+        return reg.resolve("minilm-e5@prod"), reg.load_map("minilm-e5@prod")
+    finally:
+        reg.close()
+
+
 def run_cli_plain(*args) -> int:
     from service.cli import main
 
@@ -423,20 +434,30 @@ def test_a_fits_rows_check_reads_each_maps_artifact_once(world):
         reg.close()
 
 
-def test_transform_warns_on_rows_of_a_related_model_and_not_on_its_own_models_other_rows(world, wordnet, capsys,
-                                                                                          tmp_path):
-    """QA: paraphrase-L3 rows through minilm-e5 went through with no note (their mean direction has cosine ~0.37 with
-    MiniLM's, above the 0.2 that was "checked"), though README promises a `vecbridge: warning:` line for rows of a
-    model the registry does not know. MiniLM rows the map was not fitted on (a disjoint WordNet subset) stay quiet."""
+def test_transform_says_rows_of_a_related_model_are_recognised_only_weakly_without_a_warning(world, wordnet, capsys,
+                                                                                             tmp_path):
+    """QA: paraphrase-L3 rows through minilm-e5 score ~0.37 against MiniLM's mean, above the 0.2 that was "checked".
+    They are "weak" now (0.2-0.5), not "checked", and pass without a warning line: a review measured batches of one
+    narrow topic of MiniLM's own scoring there in 12-73 % of cases, so a warning would fire on most topical batches
+    (migrations say "may be from another model" in their report instead). MiniLM rows the map was not fitted on (a
+    disjoint WordNet subset) are "checked"."""
+    from service.spaces import map_references
+
     if "paraphrase_l3" not in wordnet:
         pytest.skip("the shared WordNet set's paraphrase_l3 rows are not here")
+    P = np.asarray(wordnet["paraphrase_l3"][NEW], np.float32)
     para = tmp_path / "para.npy"
-    np.save(para, np.asarray(wordnet["paraphrase_l3"][NEW], np.float32))
+    np.save(para, P)
     out = tmp_path / "out.npy"
     code, _, err = cli(capsys, world, "transform", "--map", "minilm-e5@prod", para, out, "--quiet")
-    assert code == 0 and out.exists(), err
-    assert err.count("vecbridge: warning:") == 1 and "may be from another model" in err, err
-    assert "rows of the space give ~0.9" in err, err
+    assert code == 0 and out.exists() and "warning" not in err, err
+    v, m = _version_and_map(world["data"])
+    refs = map_references(v, m)
+    weak = check_rows(P, "minilm", refs)
+    assert weak.state == "weak" and weak.warning is None, weak
+    assert "recognised only weakly" in weak.note and "a related model's rows" in weak.note, weak.note
+    own = check_rows(np.load(world["minilm"])[NEW], "minilm", refs)
+    assert own.state == "checked", own
     code, _, err = cli(capsys, world, "transform", "--map", "minilm-e5@prod", world["minilm"], out, "--rows",
                        "3000:3400", "--quiet")
     assert code == 0 and "warning" not in err, err
