@@ -139,12 +139,13 @@ def has_text(t: str) -> bool:
                for c in t)
 
 
-def check_texts(texts: Sequence[str], what: str = "texts") -> None:
+def check_texts(texts: Sequence[str], what: str = "texts", *, one: bool = False) -> None:
     """InputError naming the first of ``texts`` without text (:func:`has_text`): every such text embeds as the same
-    meaningless vector, found by any search (every route that embeds: searches, index rows, fits, steers)."""
+    meaningless vector, found by any search (every route that embeds: searches, index rows, fits, steers). ``one``:
+    the caller sent one string, not a list (``"input": ""``), named ``what`` alone, not ``what[0]``."""
     bad = next((i for i, t in enumerate(texts) if not has_text(t)), None)
     if bad is not None:
-        raise InputError(f"{what}[{bad}] is empty or only whitespace or invisible characters (control or format "
+        raise InputError(f"{what if one else f'{what}[{bad}]'} is empty or only whitespace or invisible characters (control or format "
                          f"characters such as NUL or U+200B); every text must have text")
 
 

@@ -100,7 +100,7 @@ async def embeddings(body: Annotated[EmbeddingsRequest, Body(openapi_examples=ex
         raise InputError("input must be a non-empty string or list of strings")
     from ...encoders import check_texts
 
-    check_texts(texts, "input")  # before any model loads: " " embedded as the empty text, one vector for all
+    check_texts(texts, "input", one=isinstance(body.input, str))  # before any model loads: " " embedded as the empty text, one vector for all
     check_batch(len(texts), settings.max_batch)
 
     X, tr, cut = await state.heavy.run(lambda: embed_ops.embed(state, body.model, texts, kind=body.input_type,

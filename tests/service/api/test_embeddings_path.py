@@ -89,7 +89,8 @@ def test_input_of_only_invisible_characters_is_a_422_like_whitespace(tmp_path, m
             r = c.post("/v1/embeddings", headers=R, json={"model": "all-MiniLM-L6-v2", "input": bad})
             assert r.status_code == 422, r.text
             msg = r.json()["error"]["message"]
-            assert f"input[{0 if isinstance(bad, str) else len(bad) - 1}]" in msg and "invisible" in msg, msg
+            name = "input is" if isinstance(bad, str) else f"input[{len(bad) - 1}] is"  # one string: as sent
+            assert msg.startswith(name) and "invisible" in msg, msg
         assert asked == []
         from service.encoders import has_text
 
@@ -255,3 +256,20 @@ def test_one_string_too_long_is_named_input_not_input_0(tmp_path):
         assert detail["loc"] == ["body", "input"] and detail["ctx"]["max_tokens"] == 256, detail
         r = c.post("/v1/embeddings", headers=R, json={"model": "minilm", "input": [LONG], "truncate": False})
         assert "input[0] is " in r.json()["error"]["message"], r.text  # a list of one: its row
+
+
+def test_one_empty_string_is_named_input_not_input_0(tmp_path, monkeypatch):
+    """``"input": ""`` (one string, not a list) was refused as ``input[0]``, a row of a list the client never sent;
+    it is ``input``, as the too-long string is. A list keeps its row's index. No encoder is loaded for either."""
+    import service.encoders
+
+    asked = []
+    monkeypatch.setattr(service.encoders, "get_encoder", lambda name: asked.append(name))
+    with TestClient(create_app(settings_for(tmp_path))) as c:
+        for bad in ("", " \u200b"):
+            r = c.post("/v1/embeddings", headers=R, json={"model": "minilm", "input": bad})
+            msg = r.json()["error"]["message"]
+            assert r.status_code == 422 and msg.startswith("input is empty") and "input[" not in msg, r.text
+        r = c.post("/v1/embeddings", headers=R, json={"model": "minilm", "input": ["a dog", ""]})
+        assert r.status_code == 422 and r.json()["error"]["message"].startswith("input[1] is empty"), r.text
+    assert asked == []
