@@ -145,7 +145,8 @@ def check_texts(texts: Sequence[str], what: str = "texts", *, one: bool = False)
     the caller sent one string, not a list (``"input": ""``), named ``what`` alone, not ``what[0]``."""
     bad = next((i for i, t in enumerate(texts) if not has_text(t)), None)
     if bad is not None:
-        raise InputError(f"{what if one else f'{what}[{bad}]'} is empty or only whitespace or invisible characters (control or format "
+        name = what if one else f"{what}[{bad}]"
+        raise InputError(f"{name} is empty or only whitespace or invisible characters (control or format "
                          f"characters such as NUL or U+200B); every text must have text")
 
 
