@@ -10,7 +10,14 @@ only by polling. Each check names the CLI's flag (``json_fields`` False) or the 
   targets take the source's own index: it was ignored there);
 - :func:`check_source_fields`: the source exists and has the id / vector fields (and a text field that was named);
 - :func:`check_resume`: a checkpoint of an unfinished run records the same options (what the CLI checked as it
-  loaded the checkpoint; the HTTP job checked it minutes later, so the route answered 202 and the job failed).
+  loaded the checkpoint; the HTTP job checked it minutes later, so the route answered 202 and the job failed);
+- :func:`check_target`: a fresh run's target does not exist unless ``overwrite`` (and no alias serves it even then),
+  is no alias itself, and ``alias`` names no collection (409);
+- :func:`check_map_space`: the space the source records (or ``source_space`` declares) is the one the map reads: a map
+  the wrong way round is a 422 naming ``map``.
+
+A request's job still makes every check (under the checkpoint's lock, :func:`service.vectordb.migrate`); these make
+the ones the database answers at once before a job exists.
 """
 
 from __future__ import annotations
@@ -19,9 +26,10 @@ import inspect
 
 from align.exceptions import InputError
 
-from ..vectordb import FileCheckpoint, VectorStore
+from ..vectordb import CollectionExistsError, FileCheckpoint, SpaceMismatchError, VectorStore
 
-__all__ = ["check_index", "check_names", "check_resume", "check_source_fields", "compare_as_resolved",
+__all__ = ["check_index", "check_map_space", "check_names", "check_resume", "check_source_fields", "check_target",
+           "compare_as_resolved",
            "engine_defaults", "is_postgres_url", "option_name", "resume_options"]
 
 #: the fields a store is opened with, as the CLI and a request name them
@@ -115,3 +123,53 @@ def check_resume(store: VectorStore, checkpoint, source: str, options: dict, *, 
     compare_as_resolved(ckpt, store)
     ckpt.resolve_options(target_space=map_target_space, source_space=store.get_space(source))
     ckpt.load()
+
+
+def check_target(store: VectorStore, source: str, target: str, *, alias: str | None, overwrite: bool,
+                 fresh: bool, json_fields: bool = False) -> None:
+    """CollectionExistsError (409, exit 2) for what a run refuses at its start about ``target`` and ``alias`` (as
+    :func:`service.vectordb.migrate` does): ``target`` an alias (of a collection); ``alias`` a collection's name (or
+    the source's or target's); and, for a ``fresh`` run (no checkpoint to resume), an existing ``target`` without
+    ``overwrite``, or one an alias serves even with it (the drop would take the alias down with it)."""
+    def opt(key: str) -> str:
+        return option_name(key, json_fields)
+
+    behind = store.resolve_alias(target)
+    if behind is not None:
+        raise CollectionExistsError(f"{store.engine}: {opt('target')} {target!r} is an alias (of {behind!r}); migrate "
+                                    f"into a new collection and give {opt('alias')} {target} to switch it")
+    if alias is not None and (alias in (source, target) or store.exists(alias)):
+        raise CollectionExistsError(f"{store.engine}: {opt('alias')} {alias!r} names a collection (or this "
+                                    "migration's source or target), so it cannot be switched to the target; "
+                                    f"choose another {opt('alias')}")
+    if not fresh or not store.exists(target):
+        return
+    if not overwrite:
+        how = "pass --overwrite (overwrite=True)" if not json_fields else "send overwrite: true"
+        raise CollectionExistsError(f"{store.engine}: {opt('target')} {target!r} exists; {how} to drop it, or "
+                                    f"choose another {opt('target')}")
+    serving = store.aliases_of(target)
+    if serving:
+        raise CollectionExistsError(f"{store.engine}: {opt('target')} {target!r} is what alias(es) "
+                                    f"{', '.join(serving)} serve; {opt('overwrite')} would drop it and them with it: "
+                                    f"migrate into another {opt('target')} and let {opt('alias')} switch")
+
+
+def check_map_space(store: VectorStore, source: str, declared: str | None, map_ref: str, map_src: str | None,
+                    map_tgt: str | None, *, json_fields: bool = False) -> None:
+    """SpaceMismatchError (422, exit 2) when the space ``source`` records, or the one ``declared``
+    (``--source-space`` / ``source_space``), is not ``map_src``, the space map ``map_ref`` reads (a map the wrong way
+    round when it is the map's target ``map_tgt``), or when the two disagree. Where none of them is known it is the
+    run's to check (its first rows, :func:`service.vectordb.migrate.check_rows_space`)."""
+    recorded = store.get_space(source)
+    declared_opt, map_opt = option_name("source_space", json_fields), option_name("map", json_fields)
+    if recorded and declared and recorded != declared:
+        raise SpaceMismatchError(f"{source!r} records space {recorded!r} but {declared_opt} says {declared!r}: fix "
+                                 f"{declared_opt} (or leave it out)")
+    have, said = (recorded, f"{source!r} records space") if recorded else (declared, f"{declared_opt} says")
+    if not have or not map_src or have == map_src:
+        return
+    way = (f"the map the wrong way round (it maps {map_src!r} to {map_tgt!r})" if have == map_tgt else
+           "a map for another model")
+    raise SpaceMismatchError(f"{said} {have!r} but {map_opt} {map_ref!r} reads {map_src!r}: {way}; give "
+                             f"{map_opt} a map from {have!r}")

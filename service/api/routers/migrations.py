@@ -28,7 +28,8 @@ from ...ops.vectordb import (
     open_store_for,
     run_migration,
 )
-from ...ops.migration_checks import check_index, check_names, check_resume, check_source_fields, resume_options
+from ...ops.migration_checks import (check_index, check_map_space, check_names, check_resume, check_source_fields,
+                                     check_target, resume_options)
 from ...ops.verify import check_encoder_space, run_verify, verify_verdict
 from ...vectordb.base import VectorDBUnavailableError, check_name
 from ...vectordb.lost import lost_as_unavailable
@@ -58,9 +59,12 @@ or `keep` set (vectors not of the map's target width, NaN, an id twice, ids and 
 `target` equal to `source`, an `index` kind other than `like` on a Milvus or Qdrant store (their targets take the
 source's own index: 422); and, asking the database once, the source missing (404), an id, vector or (named) text
 field it lacks (422, naming the field; a Qdrant payload key cannot be told), a resume whose options differ from the
-unfinished run's (409, naming each field and its recorded value). Refusals that need more of the database (an
-existing target without `overwrite`, a map of another space or dimension, a field that cannot travel, keep ids of
-another kind than the source's) end the job `failed` with the message; nothing is written.
+unfinished run's (409, naming each field and its recorded value), a map from another space than the one the source
+records (or `source_space` declares: 422 naming `map`), an existing target without `overwrite` (409 naming
+`overwrite`), a target an alias serves (even with `overwrite`: 409) or that is an alias, an `alias` naming a
+collection (409). Refusals that need more of the database (a map of another dimension, a source whose rows look like
+the map's target space, a field that cannot travel, keep ids of another kind than the source's) end the job `failed`
+with the message; nothing is written.
 """
 
 
@@ -79,7 +83,7 @@ def create_migration(body: bytes, request, state, settings):
     ref = f"{v.name}:{v.version}"
     # absolute, as GET /v1/migrations shows it (a relative data dir gave the job's result a relative one)
     checkpoint = default_checkpoint(settings.data_dir, opts.source, opts.target).resolve()
-    _check_store(url, settings, opts, checkpoint, v.target_space)
+    _check_store(url, settings, opts, checkpoint, v)
     keep_ids = keep_vectors = None
     if opts.keep is not None:
         keep_ids, keep_vectors = _keep(obj, opts, state.registry.load_map(ref).target_dim)
@@ -106,10 +110,12 @@ def create_migration(body: bytes, request, state, settings):
     return job, f"{what} {opts.source} -> {opts.target} through {ref}"
 
 
-def _check_store(url: str, settings, opts, checkpoint, map_target_space: str | None) -> None:
+def _check_store(url: str, settings, opts, checkpoint, v) -> None:
     """The refusals a migration makes at its start that the database answers at once, made now (as the CLI makes
-    them): the source missing (404), a field it lacks (422), a resume whose options differ from the unfinished run's
-    (409, naming the request's fields). A database that does not answer now is a 503 with ``Retry-After``, no job
+    them): the source missing (404), a field it lacks (422), a map (version ``v``) of another space than the one the
+    source records (422, naming ``map``), a resume whose options differ from the unfinished run's (409, naming the
+    request's fields), a fresh run's target that exists without ``overwrite`` or that an alias serves (409). A
+    database that does not answer now is a 503 with ``Retry-After``, no job
     queued: it was a 202 whose job failed on the same connect moments later (VectorDBUnavailableError)."""
     fields = {"id_field": opts.id_field, "vector_field": opts.vector_field, "text_field": opts.text_field}
     try:
@@ -120,10 +126,13 @@ def _check_store(url: str, settings, opts, checkpoint, map_target_space: str | N
     try:
         with lost_as_unavailable(store, "no migration was queued: send the request again later"):
             check_source_fields(store, opts.source, fields, json_fields=True)
+            check_map_space(store, opts.source, opts.source_space, v.ref, v.source_space, v.target_space,
+                            json_fields=True)
             options = resume_options(alias=opts.alias, index=opts.index, **fields, source_space=opts.source_space,
                                      target_space=opts.target_space)
-            check_resume(store, checkpoint, opts.source, options, map_target_space=map_target_space,
-                         json_fields=True)
+            check_resume(store, checkpoint, opts.source, options, map_target_space=v.target_space, json_fields=True)
+            check_target(store, opts.source, opts.target, alias=opts.alias, overwrite=opts.overwrite,
+                         fresh=not checkpoint.exists(), json_fields=True)
     finally:
         store.close()
 
