@@ -23,7 +23,7 @@ VERDICT_S = 30.0
 def artifacts_elsewhere(db, store, tables, sample: int = ARTIFACT_SAMPLE, *, max_age: float = 0.0,
                         keep_foreign: bool = True) -> str | None:
     """Why this artifact folder is not the registry's, or None: :data:`MIN_MISSING` (3) or more, and half or more, of
-    the ``sample`` newest live versions' files (of the version ``tables``: maps' and steers',
+    the ``sample`` newest distinct files of live versions (of the version ``tables``: maps' and steers',
     :data:`~service.registry.entity.VERSION_TABLES`) are not in it (one ``stat`` each).
 
     A folder that is not the registry's misses every version another replica wrote: all of the sample, as soon as
@@ -47,18 +47,19 @@ def artifacts_elsewhere(db, store, tables, sample: int = ARTIFACT_SAMPLE, *, max
     if (max_age and seen is not None and time.monotonic() - seen[0] < max_age
             and (keep_foreign or seen[1] is None)):
         return seen[1]
-    with db.tx() as t:
-        rows = t.q(" UNION ALL ".join(f"SELECT artifact_path, created_at FROM {table} WHERE deleted = 0 AND "
-                                      "collected_at IS NULL" for table in tables)
-                   + f" ORDER BY created_at DESC LIMIT {int(sample)}")
+    with db.tx() as t:  # distinct files: identical fits share one, whose loss is one lost file, not three (a review)
+        rows = t.q("SELECT artifact_path, MAX(created_at) AS newest FROM (" + " UNION ALL ".join(
+            f"SELECT artifact_path, created_at FROM {table} WHERE deleted = 0 AND collected_at IS NULL"
+            for table in tables) + f") AS live GROUP BY artifact_path ORDER BY newest DESC LIMIT {int(sample)}")
     store._hook("artifacts_sampled")  # core.FAULT_HOOK: tests hang the folder here, as a hard NFS mount would
     missing = [r["artifact_path"] for r in rows if store.size(r["artifact_path"]) is None]
     why = None
     if len(missing) >= MIN_MISSING and 2 * len(missing) >= len(rows):
         why = (f"this data dir's artifact folder does not hold the registry's artifacts ({len(missing)} of the "
-               f"{len(rows)} newest versions' files are not in it): replicas of one registry must share its "
-               "artifact folder (vecbridge --artifact-dir or VECBRIDGE_ARTIFACT_DIR, default DATA_DIR/artifacts, on "
-               "storage every replica mounts); if they do, files were lost: `vecbridge registry verify` lists them")
+               f"{len(rows)} newest live versions' artifact files are not in it): replicas of one registry must share "
+               "its artifact folder (vecbridge --artifact-dir or VECBRIDGE_ARTIFACT_DIR, default DATA_DIR/artifacts, "
+               "on storage every replica mounts); if they do, files were lost: `vecbridge registry verify` lists them "
+               "(`vecbridge registry delete` those versions, or restore their files, to write again)")
         if seen is None or seen[1] is None:  # once when the verdict turns, not at every probe while it stands
             _log.warning("%s (this data dir's artifact folder: %s)", why, store.root)
     store.elsewhere_seen = (time.monotonic(), why)

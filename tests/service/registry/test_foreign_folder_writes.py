@@ -32,6 +32,26 @@ def _register(reg, seed: int, **kw):
                                 params={}, **kw)
 
 
+def test_one_lost_file_that_three_identical_fits_share_does_not_refuse_writes(registry_url, tmp_path):
+    """A review: identical fits store one file; losing it read as "3 of the 3 newest versions' files are not in it",
+    so every fit, steer and the bundle import that would have restored the file were refused on a plain one-folder
+    registry. Files are counted once: one lost file stays a lost file."""
+    reg = open_registry(registry_url, tmp_path / "artifacts")
+    try:
+        for _ in range(3):
+            _register(reg, 0)
+        paths = {v.artifact_path for v in reg.list_versions("a->b")}
+        assert len(paths) == 1, paths  # one file shared by the three
+        bundle = reg.export(tmp_path / "bundle.zip")
+        reg.store.path(paths.pop()).unlink()
+        assert _register(reg, 1).version == 4  # not refused
+        reg.register_steer("st", align.MeanShift(np.ones(8)), space="a")
+        reg.import_(bundle)  # the repair path: identical versions skipped, the lost file written back
+        assert reg.load_map("a->b:1") is not None
+    finally:
+        reg.close()
+
+
 def test_a_registration_into_another_folder_is_refused_before_anything_is_written(registry_url, tmp_path):
     """The first registrations into an empty registry pass; once the registry has 3 live versions, a registry whose
     folder holds none of them refuses to register a map (its alias unmoved), a steer and a bundle import: nothing is

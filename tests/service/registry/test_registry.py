@@ -1250,7 +1250,7 @@ def test_a_replica_reading_another_artifact_folder_is_told_apart_from_a_lost_fil
             register(a, seed=seed)
         a.register_steer("st", align.MeanShift(np.ones(8)), space="a")
         assert artifacts_elsewhere(a.db, a.store, VERSION_TABLES) is None
-        assert "(4 of the 4 newest versions' files are not in" in artifacts_elsewhere(b.db, b.store,
+        assert "(4 of the 4 newest live versions' artifact files are not in" in artifacts_elsewhere(b.db, b.store,
                                                                                        VERSION_TABLES)
         with pytest.raises(ArtifactsElsewhereError, match="must share its artifact folder") as e:
             b.load_map("a->b:1")
