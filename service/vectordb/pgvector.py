@@ -37,9 +37,10 @@ import numpy as np
 from align.exceptions import InputError
 
 from ..urls import check_pg_userinfo
-from .base import (Batch, CollectionNotFoundError, Sentinel, UnsupportedFieldError, VectorDBError, VectorStore,
+from .base import (Batch, CollectionNotFoundError, UnsupportedFieldError, VectorDBError, VectorStore,
                    _pad_results, as_ids, check_metric, check_name, close_quietly, id_key, pg_connect, rows_in_order)
 from .lost import lost_as_unavailable
+from .pg_json import JSON_ARRAY_OIDS, JSON_NULL, JSON_OIDS, JsonDict, JsonList, json_cursor, json_out
 from .pg_schema import (DISTANCE_OPS, INDEX_OPTIONS, OPS_METRIC, column_rules, copy_structures, kept_opclass,
                         plain_index, plain_opclass, vector_indexes)
 
@@ -64,53 +65,6 @@ def _id_out(v):
     return str(v) if isinstance(v, uuid.UUID) else id_key(v)
 
 
-_JSON_OIDS = (114, 3802)  # json, jsonb
-_JSON_ARRAY_OIDS = (199, 3807)  # json[], jsonb[]
-
-
-class JsonDict(dict):
-    """A ``json`` / ``jsonb`` object read from PostgreSQL: a dict, with its exact text in ``json_text`` (written back as
-    it is: a ``json`` value keeps its key order, spacing and repeated keys)."""
-
-    json_text: str = ""
-
-
-class JsonList(list):
-    """A ``json`` / ``jsonb`` array read from PostgreSQL: a list, with its exact text in ``json_text``."""
-
-    json_text: str = ""
-
-
-#: In a field read from a ``json`` / ``jsonb`` column, the JSON value ``null``; ``None`` is SQL NULL (no value). Read as
-#: None, a migration wrote SQL NULL for it, and a filter ``col IS NULL`` / ``col = 'null'`` then found other rows.
-JSON_NULL = Sentinel("JSON_NULL")
-
-
-def _load_json(data):
-    """A json / jsonb value as read: a :class:`JsonDict` / :class:`JsonList` keeping its text, :data:`JSON_NULL`, or
-    the scalar."""
-    import json
-
-    text = data if isinstance(data, str) else bytes(data).decode()
-    v = json.loads(text)
-    if v is None:
-        return JSON_NULL
-    if isinstance(v, (dict, list)):
-        v = (JsonDict if isinstance(v, dict) else JsonList)(v)
-        v.json_text = text
-    return v
-
-
-def _cursor(conn):
-    """A binary cursor that reads json / jsonb values with :func:`_load_json` (plain ``json.loads`` made a JSON null
-    SQL NULL on the way back, and a ``json`` text lost its repeated keys)."""
-    from psycopg.types.json import set_json_loads
-
-    cur = conn.cursor(binary=True)
-    set_json_loads(_load_json, cur)
-    return cur
-
-
 def _quoted(name: str) -> str:
     """``name`` as a ``::regclass`` literal reads it: double-quoted, so a mixed-case table (``"Docs"``) is itself, not
     ``docs`` (check_name lets no quote in)."""
@@ -122,6 +76,8 @@ def _ids_array(keys: list) -> np.ndarray:
     if keys and isinstance(keys[0], str):
         return np.array(keys, dtype=str)
     return np.fromiter(keys, dtype=np.int64, count=len(keys))
+
+
 _OPS = {"cosine": ("<=>", "cosine_ops"), "ip": ("<#>", "ip_ops")}  # index ops: <vector type>_<ops>
 _HALF_MAX = 65504.0  # the largest finite float16
 
@@ -414,8 +370,8 @@ class PgVectorStore(VectorStore):
             with self.conn.cursor() as cur:
                 with cur.copy(sql.SQL("COPY {} ({}) FROM STDIN WITH (FORMAT BINARY)").format(stage, idents)) as cp:
                     cp.set_types([id_oid, vec_type, "text", *[oid for _, _, oid in use]])
-                    cols = [[_json_out(v, oid in _JSON_ARRAY_OIDS) for v in fields[c]]
-                            if oid in _JSON_OIDS + _JSON_ARRAY_OIDS else fields[c] for c, _, oid in use]
+                    cols = [[json_out(v, oid in JSON_ARRAY_OIDS) for v in fields[c]]
+                            if oid in JSON_OIDS + JSON_ARRAY_OIDS else fields[c] for c, _, oid in use]
                     for j in range(ids.shape[0]):
                         cp.write_row((keys[j], vectors[j], None if texts is None else texts[j],
                                       *[col[j] for col in cols]))
@@ -449,7 +405,7 @@ class PgVectorStore(VectorStore):
         last = None if after_id is None else self._id_values(name, id_type, as_ids([after_id]))[0]
         dim = self.dim(name)
         while True:
-            with _cursor(self.conn) as cur:
+            with json_cursor(self.conn) as cur:
                 rows = cur.execute(first, (int(batch_size),)).fetchall() if last is None else \
                     cur.execute(after, (last, int(batch_size))).fetchall()
             if not rows:
@@ -474,7 +430,7 @@ class PgVectorStore(VectorStore):
         self.check_id_kind(ids)
         keys = self._id_values(name, self._id_type(name), ids)
         cols, text_at, extra = self._select(name, True, with_fields)
-        with _cursor(self.conn) as cur:
+        with json_cursor(self.conn) as cur:
             rows = cur.execute(sql.SQL("SELECT {} FROM {} WHERE {} = ANY(%s)").format(
                 cols, self._ident(name), sql.Identifier(self.id_field)), (keys,)).fetchall()
         got = {_id_out(r[0]): r for r in rows}
@@ -611,20 +567,6 @@ class PgVectorStore(VectorStore):
 
     def close(self) -> None:
         close_quietly(self.conn)
-
-
-def _json_out(v, array: bool = False):
-    """A json / jsonb field value as COPY writes it: one read here as the text it was (:data:`JSON_NULL`: ``null``),
-    anything else as JSON (``array``: a json[] / jsonb[] value, each element so)."""
-    from psycopg.types.json import Jsonb
-
-    if array and isinstance(v, list):
-        return [_json_out(x) for x in v]
-    if isinstance(v, (JsonDict, JsonList)) and v.json_text:
-        return Jsonb(v.json_text, dumps=str)  # Jsonb or Json alike: the column's dumper (by oid) takes the text
-    if v is JSON_NULL:
-        return Jsonb(None)
-    return v
 
 
 def _vec(v, dim: int) -> np.ndarray:
