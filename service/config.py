@@ -98,6 +98,10 @@ class Settings(BaseSettings):
     vectordb_ca_file: Path | None = Field(None, description=(
         "PEM file of the certificate authority (or the self-signed certificate) that a qdrant+https:// or "
         "milvus+https:// server's certificate is checked against; default: the system's trusted CAs."))
+    vectordb_index_wait_s: float = Field(60.0, ge=0, le=86400, description=(
+        "PostgreSQL vector database: longest a migration's index build of its target waits for another session's "
+        "lock on it (the build a run killed during it left running on the server) before the run stops with exit "
+        "75 (a job: failed), naming that session's pid; the next run keeps that build's index. 0: no limit."))
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=1, le=65535, description="TCP port of the HTTP service.")
     root_path: str = Field("", description=(

@@ -95,7 +95,8 @@ def migrate(obj: Ctx, store, text_field, vector_field, id_field, source, target,
                             target_space=target_space, progress=progress, dry_run=dry_run, keep_ids=keep_ids,
                             keep_vectors=keep_vectors, data_dir=obj.settings.data_dir,
                             registry_url=obj.settings.registry_url,
-                            artifact_dir=obj.settings.resolved_artifact_dir())
+                            artifact_dir=obj.settings.resolved_artifact_dir(),
+                            index_wait_s=obj.settings.vectordb_index_wait_s)
     except MigrationInterrupted as exc:
         progress.close()
         word, code = stopped_by(exc)  # 128 + the signal, as every other command exits (143 SIGTERM)

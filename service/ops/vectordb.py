@@ -75,7 +75,7 @@ __all__ = [
 
 def open_store_for(url: str, *, index: str | None = None, id_field: str | None = None,
                    vector_field: str | None = None, text_field: str | None = None, api_key: str | None = None,
-                   ca_file=None) -> VectorStore:
+                   ca_file=None, index_wait_s: float | None = None) -> VectorStore:
     """Open the store at ``url`` with the field names given (None: the engine's defaults).
 
     ``api_key`` / ``ca_file``: a secured server's key and the CA its TLS certificate is checked against
@@ -83,7 +83,8 @@ def open_store_for(url: str, *, index: str | None = None, id_field: str | None =
 
     ``index``: ``hnsw`` | ``ivfflat`` | ``none`` | ``like`` (the migration source's own index), built on a
     PostgreSQL target when it is finalised (Milvus and Qdrant targets take the source's own: a migration refuses
-    another kind first, :func:`~service.ops.migration_checks.check_index`).
+    another kind first, :func:`~service.ops.migration_checks.check_index`). ``index_wait_s``: a PostgreSQL store's
+    longest wait for another session's lock on the table it indexes (the ``vectordb_index_wait_s`` setting).
     """
     kw = {k: v for k, v in (("id_field", id_field), ("vector_field", vector_field), ("text_field", text_field))
           if v is not None}
@@ -92,6 +93,8 @@ def open_store_for(url: str, *, index: str | None = None, id_field: str | None =
             raise InputError(f"--index must be hnsw, ivfflat, none or like, got {index!r}")
         if url.startswith(("postgresql://", "postgres://")):  # other engines index on their own: ignored
             kw["index"] = None if index == "none" else index
+    if index_wait_s is not None and url.startswith(("postgresql://", "postgres://")):
+        kw["index_wait_s"] = index_wait_s
     if api_key:
         kw["api_key"] = api_key
     if ca_file is not None:
@@ -191,7 +194,8 @@ def run_migration(*, store_url: str, source: str, target: str, map_ref, checkpoi
                   progress: Callable[[MigrationProgress], None] | None = None, api_key: str | None = None,
                   ca_file=None, dry_run: bool = False, space_option: str = "--source-space", keep_ids=None,
                   keep_vectors=None, cancelled: Callable[[], bool] | None = None, data_dir=None,
-                  registry_url: str | None = None, artifact_dir=None) -> MigrationReport:
+                  registry_url: str | None = None, artifact_dir=None,
+                  index_wait_s: float | None = None) -> MigrationReport:
     """Migrate ``source`` into ``target`` through ``map_ref`` (artifact path or registry ref), resumably.
 
     ``checkpoint``: a JSON file path (run the same call again to resume). ``pause``: seconds to
@@ -209,7 +213,9 @@ def run_migration(*, store_url: str, source: str, target: str, map_ref, checkpoi
     resume must give again (:func:`checkpoint_status`'s ``resume``; folders and a SQLite file made absolute, the data
     dir's own artifact folder as None, the registry URL without its password, never the store's URL or key). A
     refused resume (other options, another keep set) names CLI flags, or the HTTP request's fields when
-    ``space_option`` is one (``source_space``).
+    ``space_option`` is one (``source_space``). ``index_wait_s``: a PostgreSQL target's longest wait for another
+    session's build of its index (the setting ``vectordb_index_wait_s``; None: 60 s), then IndexBuildBusyError
+    (exit 75) naming its pid.
     """
     if pause < 0:
         raise InputError(f"pause must be >= 0, got {pause}")
@@ -225,7 +231,8 @@ def run_migration(*, store_url: str, source: str, target: str, map_ref, checkpoi
         **resume_options(alias=alias, index=index, **fields, source_space=source_space, target_space=target_space),
         **_recorded_folders(data_dir, artifact_dir), "registry_url": _recorded_registry(registry_url), **keep_files},
         json_fields=json_fields)
-    store = open_store_for(store_url, index=index or "like", **fields, api_key=api_key, ca_file=ca_file)
+    store = open_store_for(store_url, index=index or "like", **fields, api_key=api_key, ca_file=ca_file,
+                           index_wait_s=index_wait_s)
     # what each option left unset means on this engine: `--index like` recorded, a resume without --index is no
     # change (the engine's defaults, not this store's fields: a field the resume gave compared equal to itself)
     compare_as_resolved(ckpt, store)

@@ -38,10 +38,11 @@ __all__ = [
     "Checkpoint", "FileCheckpoint", "PgCheckpoint", "MemoryCheckpoint",
     "TranslatingSearcher", "verify_migration", "compare_to_reference", "check_rows",
     "VectorDBError", "VectorDBUnavailableError", "CollectionNotFoundError", "CollectionExistsError",
-    "CheckpointMismatchError", "BadNameError",
+    "CheckpointMismatchError", "BadNameError", "IndexBuildBusyError",
 ]
 
-_LAZY = {"MilvusStore": ".milvus", "PgVectorStore": ".pgvector", "QdrantStore": ".qdrant"}
+_LAZY = {"MilvusStore": ".milvus", "PgVectorStore": ".pgvector", "QdrantStore": ".qdrant",
+         "IndexBuildBusyError": ".pg_index"}
 
 
 def __getattr__(name):  # engine modules import their client libraries only when used

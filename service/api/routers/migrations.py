@@ -103,7 +103,8 @@ def create_migration(body: bytes, request, state, settings):
                             ca_file=settings.vectordb_ca_file, dry_run=opts.dry_run, space_option="source_space",
                             keep_ids=keep_ids, keep_vectors=keep_vectors, cancelled=ctx.cancel_asked,
                             data_dir=settings.data_dir, registry_url=settings.registry_url,
-                            artifact_dir=settings.resolved_artifact_dir())
+                            artifact_dir=settings.resolved_artifact_dir(),
+                            index_wait_s=settings.vectordb_index_wait_s)
         return {"map": ref, "checkpoint": str(checkpoint), "report": rep.to_dict()}
 
     what = "dry run of a migration" if opts.dry_run else "migrate"

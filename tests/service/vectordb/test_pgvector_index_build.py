@@ -167,3 +167,176 @@ def test_a_migrated_target_is_searched_through_its_vector_index_whatever_its_ope
         want = want / np.linalg.norm(Y, axis=1, keepdims=True)
     np.testing.assert_allclose(S, want, rtol=1e-4, atol=1e-4)
     assert (np.diff(S, axis=1) <= 1e-5).all(), S  # best first
+
+
+def _gated_build(conn, gate, table: str, name: str) -> threading.Thread:
+    """A CREATE INDEX ``name`` on ``table`` running in ``conn`` (in a thread) until ``gate`` releases advisory lock
+    4242: a build as a killed run leaves it running on the server (its row in pg_stat_progress_create_index)."""
+    conn.execute("CREATE OR REPLACE FUNCTION ib_gate(i bigint) RETURNS bigint LANGUAGE plpgsql IMMUTABLE AS $$ "
+                 "BEGIN PERFORM pg_advisory_lock_shared(4242); PERFORM pg_advisory_unlock_shared(4242); RETURN i; "
+                 "END $$")
+    gate.execute("SELECT pg_advisory_lock(4242)")
+    t = threading.Thread(target=conn.execute, args=(f'CREATE INDEX "{name}" ON "{table}" ((ib_gate(id)))',),
+                         daemon=True)
+    t.start()
+    pid = conn.info.backend_pid
+    for _ in range(3000):
+        if gate.execute("SELECT 1 FROM pg_stat_progress_create_index WHERE pid = %s", (pid,)).fetchone():
+            return t
+        t.join(0.01)
+    raise AssertionError("the gated build never started")
+
+
+@pytest.mark.parametrize("left", ["running", "uncommitted"])
+def test_a_build_another_session_left_is_waited_for_a_bounded_time_then_exit_75_naming_its_pid(
+        pg_url, left):  # noqa: F811
+    """QA: after ``kill -9`` during the target's index build, the rerun waited for the dead client's CREATE INDEX on
+    the server however long it took (hours on a big table), silently. It waits ``index_wait_s`` now, then stops
+    with IndexBuildBusyError (exit 75, retry later) naming the build's pid (or the session holding the table:
+    a build left uncommitted); once that build is done, the next finalize keeps its index."""
+    from service.errors import exit_code
+    from service.vectordb import IndexBuildBusyError
+
+    store = open_store(pg_url, index="hnsw", index_wait_s=0.5)
+    store.drop("ib_dst")
+    X = np.random.default_rng(0).standard_normal((50, 8)).astype(np.float32)
+    store.create("ib_dst", 8)
+    store.upsert("ib_dst", np.arange(len(X)), X)
+    errors: list[BaseException] = []
+
+    def finalize():
+        try:
+            store.finalize("ib_dst")
+        except BaseException as e:  # noqa: BLE001 - the test reads it
+            errors.append(e)
+    with psycopg.connect(pg_url, autocommit=True) as dead, psycopg.connect(pg_url, autocommit=True) as gate:
+        build = None
+        try:
+            if left == "running":
+                build = _gated_build(dead, gate, "ib_dst", "ib_dst_hnsw")
+            else:
+                dead.execute("BEGIN")
+                dead.execute('CREATE INDEX "ib_dst_hnsw" ON "ib_dst" USING hnsw ("embedding" vector_cosine_ops)')
+            t = threading.Thread(target=finalize, daemon=True)
+            t.start()
+            t.join(60)  # the old code waited until the other build ended: here, until the finally below
+            alive = t.is_alive()
+        finally:
+            if build is not None:
+                gate.execute("SELECT pg_advisory_unlock(4242)")
+                build.join(60)
+            else:
+                dead.execute("COMMIT")
+        assert not alive and len(errors) == 1 and isinstance(errors[0], IndexBuildBusyError), errors
+        message, pid = str(errors[0]), dead.info.backend_pid
+        assert exit_code(errors[0]) == 75 and f"pid {pid}" in message and "waited 0.5 s" in message, message
+        if left == "running":
+            assert "is building an index on 'ib_dst'" in message and f"pg_cancel_backend({pid})" in message, message
+        else:
+            assert "idle in transaction) holds 'ib_dst'" in message, message
+    store.finalize("ib_dst")  # that build done: kept (its name is the index's)
+    assert store.conn.execute("SELECT count(*) FROM pg_indexes WHERE indexname = 'ib_dst_hnsw'").fetchone()[0] == 1
+    store.drop("ib_dst")
+    store.close()
+
+
+def test_a_rerun_of_vecbridge_migrate_beside_a_killed_runs_build_exits_75_naming_it_then_resumes(
+        pg_url, tmp_path, monkeypatch, capsys):  # noqa: F811
+    """The CLI face of the above: the run stopped once every row was written (as ``kill -9`` during its build leaves
+    it), the killed run's build still open on the server; ``vecbridge migrate`` again waits
+    ``VECBRIDGE_VECTORDB_INDEX_WAIT_S`` (documented setting), then exits 75 in one line naming that session's pid;
+    once it has committed, the same command finishes and keeps its index."""
+    from _vectordb_servers import small_migration
+
+    from service.cli import main
+    from service.ops.vectordb import run_migration
+    from service.vectordb import MigrationInterrupted
+    from align.exceptions import Cancelled
+
+    X, m = small_migration()
+    data = tmp_path / "d"
+    with open_store(pg_url) as s:
+        for n in ("ib_src", "ib_dst"):
+            s.drop(n)
+        s.create("ib_src", X.shape[1])
+        s.upsert("ib_src", np.arange(len(X)), X)
+        s.finalize("ib_src")
+    m.save(tmp_path / "m.npz")
+    ckpt = tmp_path / "c.json"
+
+    def stop_at_the_build(p):
+        if p.stage == "index":
+            raise Cancelled("killed")
+    with pytest.raises(MigrationInterrupted):
+        run_migration(store_url=pg_url, source="ib_src", target="ib_dst", map_ref=str(tmp_path / "m.npz"),
+                      checkpoint=ckpt, batch_size=64, progress=stop_at_the_build, data_dir=data,
+                      artifact_dir=data / "artifacts")
+    monkeypatch.setenv("VECBRIDGE_VECTORDB_INDEX_WAIT_S", "0.5")
+    args = ["--data-dir", str(data), "migrate", "--store", pg_url, "--source", "ib_src", "--target", "ib_dst",
+            "--map", str(tmp_path / "m.npz"), "--checkpoint", str(ckpt), "--quiet"]
+    got: list = []
+    with psycopg.connect(pg_url, autocommit=True) as dead:
+        dead.execute("BEGIN")
+        dead.execute('CREATE INDEX "ib_dst_hnsw" ON "ib_dst" USING hnsw ("embedding" vector_cosine_ops) '
+                     "WITH (m = 16, ef_construction = 64)")
+        capsys.readouterr()
+        t = threading.Thread(target=lambda: got.append(main(args)), daemon=True)
+        try:
+            t.start()
+            t.join(60)  # the old code waited for the dead build: here, until the commit below
+        finally:
+            dead.execute("COMMIT")
+            t.join(60)
+        err, pid = capsys.readouterr().err, dead.info.backend_pid
+    assert got == [75], (got, err)
+    assert len(err.strip().splitlines()) == 1 and f"pid {pid}" in err, err
+    assert main(args) == 0 and f"migrated {len(X)} rows" in capsys.readouterr().out
+    with open_store(pg_url) as s:
+        assert s.vector_index("ib_dst") == ("hnsw", {"m": 16, "ef_construction": 64})
+        for n in ("ib_src", "ib_dst"):
+            s.drop(n)
+
+
+def test_a_migration_job_beside_a_session_holding_its_target_fails_naming_it(pg_url, tmp_path):  # noqa: F811
+    """``POST /v1/migrations``: the job's index build behind another session's hold on the target (a killed run's
+    build left open) waited as long as that lasted, the job ``running`` all along; it waits the service's
+    ``vectordb_index_wait_s`` now, then fails with the message naming that session's pid."""
+    from _api_support import W, settings_for
+    from _jobs_support import wait_http_job
+    from _servers import seed_registry
+    from fastapi.testclient import TestClient
+
+    from service.api import create_app
+
+    X, _, _ = seed_registry(tmp_path / "data")
+    with open_store(pg_url) as s:
+        for n in ("ib_src", "ib_dst"):
+            s.drop(n)
+        s.create("ib_src", X.shape[1])
+        s.set_space("ib_src", "a")
+        s.upsert("ib_src", np.arange(len(X)), X)
+    body = {"source": "ib_src", "target": "ib_dst", "map": "a2b", "index": "hnsw", "batch_size": 50, "pause": 0.3}
+    locker = psycopg.connect(pg_url)
+    try:
+        with TestClient(create_app(settings_for(tmp_path, vectordb_url=pg_url, vectordb_index_wait_s=0.5))) as c, \
+                psycopg.connect(pg_url, autocommit=True) as watch:
+            jid = c.post("/v1/migrations", json=body, headers=W).json()["id"]
+            for _ in range(6000):  # rows go in for ~2 s (pause 0.3 after each of 6 batches)
+                if watch.execute("SELECT to_regclass('ib_dst')").fetchone()[0]:
+                    break
+                assert c.get(f"/v1/jobs/{jid}", headers=W).json()["state"] == "running"
+                watch.execute("SELECT pg_sleep(0.01)")
+            locker.execute("LOCK TABLE ib_dst IN ROW EXCLUSIVE MODE")  # rows still go in; the index cannot be built
+            try:
+                job = wait_http_job(c, jid, timeout=60, headers=W)  # the old code: running until the rollback
+            except AssertionError as exc:
+                job = {"state": f"not ended in 60 s: {exc}"}
+            pid = locker.info.backend_pid
+            locker.rollback()
+    finally:
+        locker.close()
+    assert job["state"] == "failed", job
+    assert f"pid {pid}" in job["error"]["message"] and "holds 'ib_dst'" in job["error"]["message"], job
+    with open_store(pg_url) as s:
+        for n in ("ib_src", "ib_dst"):
+            s.drop(n)
