@@ -72,8 +72,9 @@ def check_index(store_url: str, index: str | None, *, json_fields: bool = False)
 def check_source_fields(store: VectorStore, source: str, given: dict, *, json_fields: bool = False) -> None:
     """The source exists (CollectionNotFoundError) and has the id and vector fields ``store`` was opened with, and the
     text field where one was named (``given``: the options as the caller gave them; a default text field the source
-    lacks is a collection without texts): InputError naming the option and the fields the source has. A field the
-    engine cannot tell about (a Qdrant payload key) is not checked."""
+    lacks is a collection without texts): InputError naming the option and the fields the source has. A payload key
+    (Qdrant's text field, a Milvus dynamic key) is looked for in the source's first rows
+    (:meth:`~service.vectordb.VectorStore.missing_fields`)."""
     missing = store.missing_fields(source)
     for key in FIELDS:
         if key not in missing or (key == "text_field" and given.get(key) is None):

@@ -332,7 +332,8 @@ class VectorStore(ABC):
     def missing_fields(self, name: str) -> dict[str, str]:
         """Which of the field names this store was opened with (``id_field``, ``vector_field``, ``text_field``)
         collection ``name`` lacks, each with what it has instead (for a refusal); CollectionNotFoundError when there
-        is no such collection. A field the engine cannot tell about (a schemaless payload key) is never listed."""
+        is no such collection. A schemaless payload key (Qdrant's, a Milvus dynamic field's) is looked for in the
+        collection's first rows, none of which has it when listed; an empty collection's is never listed."""
         self._require(name)
         return {}
 

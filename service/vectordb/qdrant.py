@@ -36,6 +36,9 @@ from .base import (MISSING, BadNameError, Batch, UnsupportedFieldError, VectorDB
 __all__ = ["QdrantStore"]
 
 _SEARCH_BATCH = 64
+#: the points whose payload keys stand for a collection's (payloads have no schema): a text field none of them has
+#: is refused as a missing column is
+PAYLOAD_SAMPLE = 16
 _INT64_MAX = 2**63 - 1
 _VECTOR_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,127}")  # Qdrant's names: LlamaIndex's "text-dense" too
 
@@ -216,11 +219,22 @@ class QdrantStore(VectorStore):
         return int(vectors.size)
 
     def missing_fields(self, name: str) -> dict[str, str]:
-        vectors, _ = self._vectors_config(name)  # payload keys (the text) are schemaless: not told
+        """The vector field from the collection's config; the text field, a payload key (payloads have no schema),
+        from the payloads of its first :data:`PAYLOAD_SAMPLE` points: missing when none of them has it (an empty
+        collection tells nothing)."""
+        vectors, _ = self._vectors_config(name)
+        out = {}
         if isinstance(vectors, dict):
-            have = f"named vectors {', '.join(sorted(vectors))}"
-            return {} if self.vector_field in vectors else {"vector_field": have}
-        return {} if self.vector_field is None else {"vector_field": "one unnamed vector (leave the vector field out)"}
+            if self.vector_field not in vectors:
+                out["vector_field"] = f"named vectors {', '.join(sorted(vectors))}"
+        elif self.vector_field is not None:
+            out["vector_field"] = "one unnamed vector (leave the vector field out)"
+        points, _ = self.client.scroll(name, limit=PAYLOAD_SAMPLE, with_payload=True, with_vectors=False)
+        keys = {k for p in points for k in (p.payload or {})}
+        if points and self.text_field not in keys:
+            out["text_field"] = (f"payload keys {', '.join(sorted(keys)) or '(none)'} (none of the first {len(points)} "
+                                 f"points has {self.text_field!r})")
+        return out
 
     def unsupported_fields(self, name: str) -> list[str]:
         vectors, _ = self._vectors_config(name)

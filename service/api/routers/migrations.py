@@ -58,7 +58,8 @@ unknown map (404), a bad collection name
 or `keep` set (vectors not of the map's target width, NaN, an id twice, ids and rows of different counts: 422),
 `target` equal to `source`, an `index` kind other than `like` on a Milvus or Qdrant store (their targets take the
 source's own index: 422); and, asking the database once, the source missing (404), an id, vector or (named) text
-field it lacks (422, naming the field; a Qdrant payload key cannot be told), a resume whose options differ from the
+field it lacks (422, naming the field; a Qdrant text key none of the first 16 points' payloads has), a resume
+whose options differ from the
 unfinished run's (409, naming each field and its recorded value), a map from another space than the one the source
 records (or `source_space` declares: 422 naming `map`), an existing target without `overwrite` (409 naming
 `overwrite`), a target an alias serves (even with `overwrite`: 409) or that is an alias, an `alias` naming a

@@ -69,6 +69,27 @@ def test_a_map_of_the_wrong_direction_is_a_422_naming_map(world):
     assert r.status_code == 202, r.text
 
 
+def test_a_text_field_none_of_the_first_points_has_is_a_422_naming_it_and_the_keys_seen(world, tmp_path):
+    """Qdrant payloads have no schema: ``text_field`` went unchecked, and a request naming a key the points do not
+    have (``body`` where the texts are under ``text``) ran a job that migrated every row without its text. The first
+    points' payloads are read now: a key none of them has is a 422 naming ``text_field`` and the keys seen, no job;
+    one they have is accepted, and the default ``text`` (no texts: a collection without them) still is."""
+    from service.vectordb import open_store
+
+    X = np.random.default_rng(0).standard_normal((20, 16)).astype(np.float32)
+    with open_store(f"qdrant://{tmp_path / 'qd'}") as s:  # the service's folder: one client in this process
+        s.create("texts", 16)
+        s.set_space("texts", "a")
+        s.upsert("texts", np.arange(20), X, [f"t{i}" for i in range(20)], {"lang": ["en"] * 20})
+    r = _post(world, source="texts", target="new", text_field="body")
+    msg = r.json()["error"]["message"]
+    assert r.status_code == 422 and "source 'texts' has no text field 'body'" in msg, r.text
+    assert "payload keys lang, text (none of the first 16 points has 'body'): fix text_field" in msg, msg
+    assert world.get("/v1/jobs", headers=W).json()["data"] == []
+    assert _post(world, source="texts", target="new", text_field="lang", dry_run=True).status_code == 202
+    assert _post(world, source="src", target="new2", dry_run=True).status_code == 202  # no payloads, no text named
+
+
 def test_the_checks_name_the_cli_flags_for_the_cli(tmp_path):
     """The same checks as ``vecbridge migrate`` words them (exit 2: typed errors)."""
     pytest.importorskip("qdrant_client")

@@ -609,3 +609,19 @@ def test_a_source_as_its_own_target_or_a_vector_field_it_lacks_is_refused_naming
     assert "--vector-field" in p.stderr and "one unnamed vector" in p.stderr, p.stderr
     with _open(world) as s:
         assert not s.exists("vf_wrong")
+
+
+def test_a_text_field_none_of_the_first_points_has_is_refused_naming_the_payload_keys_seen(world, vb):
+    """Qdrant payloads have no schema, so `--text-field` was never checked: `--text-field body` on a collection whose
+    texts are under `text` migrated every row without its text, exit 0. The first points' payloads stand for the
+    collection's now: a key none of them has is refused (exit 2, one line naming the flag and the keys seen) before
+    anything is written; a key they have runs."""
+    common = ["migrate", "--store", world["store"], "--source", "docs_a", "--map", "a2b@prod", "--quiet"]
+    p = vb(world["data"], *common, "--target", "tf_wrong", "--text-field", "body")
+    lines = p.stderr.strip().splitlines()
+    assert p.returncode == 2 and len(lines) == 1, p.stderr
+    assert "source 'docs_a' has no text field 'body'" in lines[0] and "fix --text-field" in lines[0], lines
+    assert "payload keys category, lang, n, tags, text (none of the first 16 points has 'body')" in lines[0], lines
+    with _open(world) as s:
+        assert not s.exists("tf_wrong")
+    assert vb(world["data"], *common, "--target", "tf_lang", "--text-field", "lang", "--dry-run").returncode == 0

@@ -30,14 +30,15 @@ N = 120
 
 @pytest.fixture
 def world(tmp_path):
-    """A registry (spaces a, b; map a2b) in ``data`` and a local Qdrant folder holding ``src`` (N rows, space a)."""
+    """A registry (spaces a, b; map a2b) in ``data`` and a local Qdrant folder holding ``src`` (N rows, space a; their
+    payloads have a ``body`` key beside ``text``: a text field a resume may name, that the source has)."""
     data = tmp_path / "data"
     X, _, _ = seed_registry(data)
     url = f"qdrant://{tmp_path / 'qd'}"
     with open_store(url) as s:
         s.create("src", X.shape[1])
         s.set_space("src", "a")
-        s.upsert("src", np.arange(N), X[:N], [f"t{i}" for i in range(N)])
+        s.upsert("src", np.arange(N), X[:N], [f"t{i}" for i in range(N)], {"body": [f"b{i}" for i in range(N)]})
     reg = open_registry(f"sqlite:///{(data / 'registry.sqlite').resolve()}", (data / "artifacts").resolve())
     yield {"tmp": tmp_path, "data": data, "url": url, "registry": reg}
     reg.close()
