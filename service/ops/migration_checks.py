@@ -14,23 +14,30 @@ only by polling. Each check names the CLI's flag (``json_fields`` False) or the 
 - :func:`check_target`: a fresh run's target does not exist unless ``overwrite`` (and no alias serves it even then),
   is no alias itself, and ``alias`` names no collection (409);
 - :func:`check_map_space`: the space the source records (or ``source_space`` declares) is the one the map reads: a map
-  the wrong way round is a 422 naming ``map``.
+  the wrong way round is a 422 naming ``map``;
+- :func:`check_map_width`: the source's vectors are as wide as the map's input (a map for another model: 422 naming
+  ``map``);
+- :func:`check_keep_matches`: a checkpoint written with a keep set (the re-embedded rows, ``keep`` /
+  ``--keep-ids``) is resumed with the same one, and one written without with none (409 naming ``keep``).
+
+:func:`check_source_fields` serves ``POST /v1/verifications`` too (its ``collection`` and ``source``).
 
 A request's job still makes every check (under the checkpoint's lock, :func:`service.vectordb.migrate`); these make
-the ones the database answers at once before a job exists.
+the ones the database answers at once (a schema, a record, one row) before a job exists.
 """
 
 from __future__ import annotations
 
 import inspect
 
-from align.exceptions import InputError
+from align.exceptions import DimensionMismatchError, InputError
 
 from ..vectordb import CollectionExistsError, FileCheckpoint, SpaceMismatchError, VectorStore
+from ..vectordb.keep import KEEP_WORDS, KeepSet, check_keep_resume
 
-__all__ = ["check_index", "check_map_space", "check_names", "check_resume", "check_source_fields", "check_target",
-           "compare_as_resolved",
-           "engine_defaults", "is_postgres_url", "option_name", "resume_options"]
+__all__ = ["check_index", "check_keep_matches", "check_map_space", "check_map_width", "check_names", "check_resume",
+           "check_source_fields", "check_target", "compare_as_resolved", "engine_defaults", "is_postgres_url",
+           "option_name", "resume_options"]
 
 #: the fields a store is opened with, as the CLI and a request name them
 FIELDS = ("id_field", "vector_field", "text_field")
@@ -69,12 +76,14 @@ def check_index(store_url: str, index: str | None, *, json_fields: bool = False)
                      "after the migration if you want another")
 
 
-def check_source_fields(store: VectorStore, source: str, given: dict, *, json_fields: bool = False) -> None:
+def check_source_fields(store: VectorStore, source: str, given: dict, *, json_fields: bool = False,
+                        role: str = "source") -> None:
     """The source exists (CollectionNotFoundError) and has the id and vector fields ``store`` was opened with, and the
     text field where one was named (``given``: the options as the caller gave them; a default text field the source
     lacks is a collection without texts): InputError naming the option and the fields the source has. A payload key
     (Qdrant's text field, a Milvus dynamic key) is looked for in the source's first rows
-    (:meth:`~service.vectordb.VectorStore.missing_fields`)."""
+    (:meth:`~service.vectordb.VectorStore.missing_fields`). ``role``: what the collection is to the caller, for
+    the message (a migration's ``source``; a verification's ``collection`` or ``source``)."""
     missing = store.missing_fields(source)
     for key in FIELDS:
         if key not in missing or (key == "text_field" and given.get(key) is None):
@@ -83,7 +92,7 @@ def check_source_fields(store: VectorStore, source: str, given: dict, *, json_fi
         what = key.replace("_", " ")
         how = (f"name it with {option_name(key, json_fields)}" if given.get(key) is None else
                f"fix {option_name(key, json_fields)}")
-        raise InputError(f"{store.engine}: source {source!r} has no {what} {value!r}"
+        raise InputError(f"{store.engine}: {role} {source!r} has no {what} {value!r}"
                          f"{' (the default)' if given.get(key) is None else ''}; it has {missing[key]}: {how}")
 
 
@@ -113,17 +122,26 @@ def resume_options(*, alias=None, index=None, id_field=None, vector_field=None, 
 
 
 def check_resume(store: VectorStore, checkpoint, source: str, options: dict, *, map_target_space: str | None,
-                 json_fields: bool = False) -> None:
+                 keep: KeepSet | None = None, json_fields: bool = False) -> None:
     """CheckpointMismatchError (409, exit 2) when the checkpoint file ``checkpoint`` is of an unfinished run given
     other ``options`` (:func:`resume_options`), each compared as it resolves: an unset index is ``like``, an unset
     field the engine's default, an unset space the map's target / the source's recorded one (as the run compares
-    them). No checkpoint, or a finished run's: nothing to compare."""
+    them); or of any run (finished too, as the run compares it) given another keep set than ``keep``
+    (:func:`check_keep_matches`). No checkpoint: nothing to compare."""
     ckpt = FileCheckpoint(checkpoint, options=options, json_fields=json_fields)
     if not ckpt.path.exists():
         return
     compare_as_resolved(ckpt, store)
     ckpt.resolve_options(target_space=map_target_space, source_space=store.get_space(source))
-    ckpt.load()
+    check_keep_matches(ckpt.load(), keep, json_fields=json_fields)
+
+
+def check_keep_matches(state: dict | None, keep: KeepSet | None, *, json_fields: bool = False) -> None:
+    """CheckpointMismatchError (409, exit 2) when checkpoint ``state`` was written with another keep set than
+    ``keep`` (:func:`service.vectordb.keep.keep_set` of the ids and vectors given), with one while ``keep`` is
+    None, or without one while ``keep`` is given: the run refused it under its lock (a request answered 202 and its
+    job failed). Named as the face names the set (``keep`` over HTTP, ``--keep-ids / --keep-vectors``)."""
+    check_keep_resume(state, keep, *KEEP_WORDS["http" if json_fields else "cli"])
 
 
 def check_target(store: VectorStore, source: str, target: str, *, alias: str | None, overwrite: bool,
@@ -174,3 +192,20 @@ def check_map_space(store: VectorStore, source: str, declared: str | None, map_r
            "a map for another model")
     raise SpaceMismatchError(f"{said} {have!r} but {map_opt} {map_ref!r} reads {map_src!r}: {way}; give "
                              f"{map_opt} a map from {have!r}")
+
+
+def check_map_width(store: VectorStore, source: str, map_ref, map_dim: int | None, *,
+                    json_fields: bool = False) -> None:
+    """DimensionMismatchError (422, exit 2) when the vectors of ``source`` (its vector field, as ``store`` was opened)
+    are not ``map_dim`` wide, the rows map ``map_ref`` reads: a map for another model (the run refused it under its
+    lock, a request's in a job that failed). ``map_dim`` None (not known yet): the run checks it."""
+    if map_dim is None:
+        return
+    have = store.dim(source)
+    if have == int(map_dim):
+        return
+    opt = option_name("map", json_fields)
+    field = f" (vector field {store.vector_field!r})" if store.vector_field else ""
+    raise DimensionMismatchError(f"{store.engine}: source {source!r} holds {have}-d vectors{field} but {opt} "
+                                 f"{str(map_ref)!r} reads {int(map_dim)}-d rows: a map for another model; give {opt} "
+                                 f"a map from the source's {have}-d space")

@@ -51,9 +51,9 @@ from ..vectordb import (
 from ..vectordb.holder import holder_gone
 from ..vectordb.keep import read_keep_ids, resume_words
 from ..vectordb.lost import lost_as_unavailable
-from ..vectordb.migrate import is_artifact_path
-from .migration_checks import (check_index, check_names, check_source_fields, compare_as_resolved, is_postgres_url,
-                               resume_options)
+from ..vectordb.migrate import is_artifact_path, map_source_dim
+from .migration_checks import (check_index, check_map_width, check_names, check_source_fields, compare_as_resolved,
+                               is_postgres_url, resume_options)
 
 __all__ = [
     "SharedStore",
@@ -251,6 +251,8 @@ def run_migration(*, store_url: str, source: str, target: str, map_ref, checkpoi
     try:  # the database gone mid-run: exit 75 (retry later), one line; was exit 3, "internal"
         with lost_as_unavailable(store, "nothing was written: run the same command again"):
             check_source_fields(store, source, fields, json_fields=json_fields)  # as a request checks it
+            # named as the face names it (--map), before the lock and the checkpoint are taken
+            check_map_width(store, source, map_ref, map_source_dim(map_ref, registry), json_fields=json_fields)
         with stop, _CancelWatch(store, cancelled), lost_as_unavailable(
                 store, "every batch written so far is checkpointed: run the same command again to resume"):
             return migrate(store, source, target, map_ref, registry=registry, alias=alias, batch_size=batch_size,

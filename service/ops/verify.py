@@ -19,6 +19,7 @@ from align.exceptions import Cancelled, InputError
 from ..encoders import canonical_name, space_encoder
 from ..errors import NotFoundError
 from ..vectordb.lost import lost_as_unavailable
+from .migration_checks import check_source_fields
 from .vectordb import open_store_for, read_keep
 
 __all__ = ["check_encoder_space", "run_verify", "verify_verdict"]
@@ -122,6 +123,12 @@ def run_verify(*, store_url: str, collection: str, encoder: str | None = None, h
     report = _reporter(progress, cancelled)
     try:
         with lost_as_unavailable(store, "run the same command again"):
+            # the fields named (or the engine's defaults) before any work: as POST /v1/verifications checks them
+            fields = {"id_field": id_field, "vector_field": vector_field, "text_field": text_field}
+            json_fields = not space_option.startswith("--")
+            check_source_fields(store, collection, fields, json_fields=json_fields, role="collection")
+            if source is not None:
+                check_source_fields(store, source, fields, json_fields=json_fields)
             out = {"mode": "rows"}
             if embed is not None:
                 check_encoder_space(registry if spaces is None else spaces, collection, store.get_space(collection),

@@ -70,8 +70,8 @@ from .keep import KEEP_WORDS, KeepSet, check_keep_resume, keep_set
 from .migrate_notes import (LOCAL_QDRANT_SLOW, NULLS_DROPPED_BEFORE, SOURCE_CHANGED, SOURCE_CHANGED_SINCE,
                             check_vectors, metric_notes)
 
-__all__ = ["migrate", "resolve_map", "map_spaces", "is_artifact_path", "map_fingerprint", "MigrationProgress", "MigrationReport",
-           "MigrationInterrupted"]
+__all__ = ["migrate", "resolve_map", "map_spaces", "map_source_dim", "is_artifact_path", "map_fingerprint",
+           "MigrationProgress", "MigrationReport", "MigrationInterrupted"]
 
 MAP_TYPES = (LinearMap, ClusterMap, MapChain)  # anything with apply(X, output=...), source_dim, target_dim
 
@@ -129,6 +129,16 @@ def map_spaces(map_or_ref, registry=None) -> tuple[str | None, str | None]:
         md = map_or_ref.metadata or {}
         return md.get("source_space"), md.get("target_space")
     return None, None
+
+
+def map_source_dim(map_or_ref, registry=None) -> int | None:
+    """The width of the rows a map reads: its registry version's (read without its artifact), a map object's, or an
+    artifact file's; None where it cannot be told before the run resolves the map (which refuses what it cannot)."""
+    if hasattr(registry, "resolve") and isinstance(map_or_ref, str) and not is_artifact_path(map_or_ref):
+        return int(registry.resolve(map_or_ref).source_dim)
+    if isinstance(map_or_ref, MAP_TYPES):
+        return int(map_or_ref.source_dim)
+    return int(load_map(Path(map_or_ref)).source_dim) if is_artifact_path(map_or_ref) else None
 
 
 def check_spaces(store: VectorStore, source: str, declared: str | None, map_src: str | None, map_=None,

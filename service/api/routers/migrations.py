@@ -13,6 +13,7 @@ lets the same request, or ``vecbridge migrate``, resume it.
 from __future__ import annotations
 
 import shlex
+from contextlib import contextmanager
 
 from fastapi import APIRouter
 
@@ -28,12 +29,12 @@ from ...ops.vectordb import (
     open_store_for,
     run_migration,
 )
-from ...ops.migration_checks import (check_index, check_map_space, check_names, check_resume, check_source_fields,
-                                     check_target, resume_options)
+from ...ops.migration_checks import (check_index, check_map_space, check_map_width, check_names, check_resume,
+                                     check_source_fields, check_target, resume_options)
 from ...ops.verify import check_encoder_space, run_verify, verify_verdict
 from ...vectordb.base import VectorDBUnavailableError, check_name
 from ...vectordb.lost import lost_as_unavailable
-from ...vectordb.keep import check_keep
+from ...vectordb.keep import check_keep, keep_set
 from ..codec import parse_json, validate, vectors_from_json
 from ..job_routes import job_route
 from ..pagination import list_route
@@ -58,14 +59,15 @@ unknown map (404), a bad collection name
 or `keep` set (vectors not of the map's target width, NaN, an id twice, ids and rows of different counts: 422),
 `target` equal to `source`, an `index` kind other than `like` on a Milvus or Qdrant store (their targets take the
 source's own index: 422); and, asking the database once, the source missing (404), an id, vector or (named) text
-field it lacks (422, naming the field; a Qdrant text key none of the first 16 points' payloads has), a resume
-whose options differ from the
-unfinished run's (409, naming each field and its recorded value), a map from another space than the one the source
-records (or `source_space` declares: 422 naming `map`), an existing target without `overwrite` (409 naming
-`overwrite`), a target an alias serves (even with `overwrite`: 409) or that is an alias, an `alias` naming a
-collection (409). Refusals that need more of the database (a map of another dimension, a source whose rows look like
-the map's target space, a field that cannot travel, keep ids of another kind than the source's) end the job `failed`
-with the message; nothing is written.
+field it lacks (422, naming the field; a Qdrant text key none of the first 16 points' payloads has), a map whose
+input width is not the source's vectors' (422 naming `map`), keep ids of another kind than the source's (422), a
+resume whose options differ from the unfinished run's (409, naming each field and its recorded value), a checkpoint
+written with another `keep` set than the request's, or with one while the request sends none (or none while it sends
+one: 409 naming `keep`), a map from another space than the one the source records (or `source_space` declares: 422
+naming `map`), an existing target without `overwrite` (409 naming `overwrite`), a target an alias serves (even with
+`overwrite`: 409) or that is an alias, an `alias` naming a collection (409). Refusals that need more of the database
+(a source whose rows look like the map's target space, a field that cannot travel) end the job `failed` with the
+message; nothing is written.
 """
 
 
@@ -84,10 +86,10 @@ def create_migration(body: bytes, request, state, settings):
     ref = f"{v.name}:{v.version}"
     # absolute, as GET /v1/migrations shows it (a relative data dir gave the job's result a relative one)
     checkpoint = default_checkpoint(settings.data_dir, opts.source, opts.target).resolve()
-    _check_store(url, settings, opts, checkpoint, v)
     keep_ids = keep_vectors = None
-    if opts.keep is not None:
-        keep_ids, keep_vectors = _keep(obj, opts, state.registry.load_map(ref).target_dim)
+    if opts.keep is not None:  # its rows checked first: they need no database
+        keep_ids, keep_vectors = _keep(obj, opts, v.target_dim)
+    _check_store(url, settings, opts, checkpoint, v, None if opts.keep is None else (keep_ids, keep_vectors))
 
     def job(ctx):
         ctx.progress("connect", 0.0)
@@ -112,29 +114,41 @@ def create_migration(body: bytes, request, state, settings):
     return job, f"{what} {opts.source} -> {opts.target} through {ref}"
 
 
-def _check_store(url: str, settings, opts, checkpoint, v) -> None:
+def _check_store(url: str, settings, opts, checkpoint, v, keep: tuple | None) -> None:
     """The refusals a migration makes at its start that the database answers at once, made now (as the CLI makes
-    them): the source missing (404), a field it lacks (422), a map (version ``v``) of another space than the one the
-    source records (422, naming ``map``), a resume whose options differ from the unfinished run's (409, naming the
-    request's fields), a fresh run's target that exists without ``overwrite`` or that an alias serves (409). A
-    database that does not answer now is a 503 with ``Retry-After``, no job
-    queued: it was a 202 whose job failed on the same connect moments later (VectorDBUnavailableError)."""
+    them): the source missing (404), a field it lacks (422), a map (version ``v``) whose input width is not the
+    source's (422, naming ``map``) or of another space than the one the source records (422, naming ``map``), keep
+    ids (``keep``: ids, vectors) of another kind than the source's (422), a resume whose options differ from the
+    unfinished run's (409, naming the request's fields) or whose keep set differs from its checkpoint's (409, naming
+    ``keep``), a fresh run's target that exists without ``overwrite`` or that an alias serves (409)."""
     fields = {"id_field": opts.id_field, "vector_field": opts.vector_field, "text_field": opts.text_field}
+    with _checked_store(url, settings, fields, opts.index or "like", "no migration was queued") as store:
+        check_source_fields(store, opts.source, fields, json_fields=True)
+        check_map_width(store, opts.source, v.ref, v.source_dim, json_fields=True)
+        check_map_space(store, opts.source, opts.source_space, v.ref, v.source_space, v.target_space,
+                        json_fields=True)
+        kept = None if keep is None else keep_set(store, opts.source, *keep, v.target_dim)  # reads one row
+        options = resume_options(alias=opts.alias, index=opts.index, **fields, source_space=opts.source_space,
+                                 target_space=opts.target_space)
+        check_resume(store, checkpoint, opts.source, options, map_target_space=v.target_space, keep=kept,
+                     json_fields=True)
+        check_target(store, opts.source, opts.target, alias=opts.alias, overwrite=opts.overwrite,
+                     fresh=not checkpoint.exists(), json_fields=True)
+
+
+@contextmanager
+def _checked_store(url: str, settings, fields: dict, index: str | None, nothing: str):
+    """The service's store opened with a request's field names, for the checks made before a job exists, closed after.
+    A database that does not answer now is a 503 with ``Retry-After`` saying ``nothing`` ("no migration was queued"),
+    no job queued: it was a 202 whose job failed on the same connect moments later (VectorDBUnavailableError)."""
     try:
-        store = open_store_for(url, index=opts.index or "like", **fields, api_key=settings.vectordb_api_key,
+        store = open_store_for(url, index=index, **fields, api_key=settings.vectordb_api_key,
                                ca_file=settings.vectordb_ca_file)
     except VectorDBUnavailableError as exc:
-        raise VectorDBUnavailableError(f"{exc}; no migration was queued: send the request again later") from None
+        raise VectorDBUnavailableError(f"{exc}; {nothing}: send the request again later") from None
     try:
-        with lost_as_unavailable(store, "no migration was queued: send the request again later"):
-            check_source_fields(store, opts.source, fields, json_fields=True)
-            check_map_space(store, opts.source, opts.source_space, v.ref, v.source_space, v.target_space,
-                            json_fields=True)
-            options = resume_options(alias=opts.alias, index=opts.index, **fields, source_space=opts.source_space,
-                                     target_space=opts.target_space)
-            check_resume(store, checkpoint, opts.source, options, map_target_space=v.target_space, json_fields=True)
-            check_target(store, opts.source, opts.target, alias=opts.alias, overwrite=opts.overwrite,
-                         fresh=not checkpoint.exists(), json_fields=True)
+        with lost_as_unavailable(store, f"{nothing}: send the request again later"):
+            yield store
     finally:
         store.close()
 
@@ -176,6 +190,9 @@ way round fails the job). Both may be given. The result carries the figures and
 `verdict`: PASS / FAIL (null when nothing was gated). Held-out vector files are the CLI's (`--heldout-source`).
 `keep` (with `source`: the migration's own `keep`, ids + vectors) checks the rows it kept as re-embedded against
 their given vectors (`kept_checked`, `kept_wrong`); a bad set is a 422 before a job exists, as for a migration.
+Also refused before a job exists, asking the database once (as a migration request is): `collection` or `source`
+missing (404), or lacking the id or vector field or a `text_field` that was named (422 naming the field; a Qdrant
+payload key cannot be told); a database not answering (503 with `Retry-After`).
 """
 
 
@@ -208,6 +225,7 @@ def create_verification(body: bytes, request, state, settings):
         if ref is None:
             raise InputError("keep names the rows a migration kept as re-embedded: give it with source and map")
         keep_ids, keep_vectors = _keep(obj, opts, state.registry.load_map(ref).target_dim)
+    _check_fields(url, settings, opts)  # 404 / 422 naming the field, or 503: no job
 
     def job(ctx):
         ctx.progress("verify", 0.0)
@@ -225,6 +243,18 @@ def create_verification(body: bytes, request, state, settings):
         return out
 
     return job, f"verify {opts.collection}" + (f" against {opts.source} through {ref}" if ref else "")
+
+
+def _check_fields(url: str, settings, opts) -> None:
+    """A verification's refusals that the database answers at once, made before a job exists (as a migration request
+    makes them, :func:`~service.ops.migration_checks.check_source_fields`): ``collection`` (and ``source``) missing
+    (404), or lacking the id or vector field, or a text field that was named (422, naming ``id_field`` ...). They
+    were the job's: 202, then a failed job. A database that does not answer: 503 with ``Retry-After``, no job."""
+    fields = {"id_field": opts.id_field, "vector_field": opts.vector_field, "text_field": opts.text_field}
+    with _checked_store(url, settings, fields, None, "no verification was queued") as store:
+        check_source_fields(store, opts.collection, fields, json_fields=True, role="collection")
+        if opts.source is not None:
+            check_source_fields(store, opts.source, fields, json_fields=True)
 
 
 def _recorded_space(state, collection: str) -> str | None:

@@ -1,7 +1,9 @@
 """``POST /v1/migrations`` refuses, before a job exists, a target it would refuse at the job's start: an existing
-target without ``overwrite`` (409 naming ``overwrite``), one an alias serves even with it, and a map of the wrong
-direction for a collection that records its space (422 naming ``map``). Before, each answered 202 and the job failed
-(the first in the CLI's words, "pass --overwrite (overwrite=True)"). The CLI's words are the flags, as they were.
+target without ``overwrite`` (409 naming ``overwrite``), one an alias serves even with it, a map of the wrong
+direction for a collection that records its space, or one of another width than its vectors (422 naming ``map``),
+and keep ids of another kind than the source's (422). Before, each answered 202 and the job failed (the first in the
+CLI's words, "pass --overwrite (overwrite=True)"). The CLI's words are the flags, as they were.
+``POST /v1/verifications`` checks its collections' fields as a migration request does (422 / 404, no job).
 
 A local-mode Qdrant folder is the service's database (no server to run)."""
 
@@ -15,8 +17,8 @@ from fastapi.testclient import TestClient
 
 @pytest.fixture
 def world(tmp_path):
-    """A service on a Qdrant folder holding ``src`` (space a, 40 rows), ``in_b`` (space b), ``taken`` (no space) and
-    ``served`` (alias ``live`` points at it); registry map a2b (a -> b)."""
+    """A service on a Qdrant folder holding ``src`` (space a, 40 rows), ``in_b`` (space b), ``taken`` (no space),
+    ``served`` (alias ``live`` points at it) and ``narrow`` (8-d rows, no space); registry map a2b (a -> b, 16-d)."""
     pytest.importorskip("qdrant_client")
     from _servers import seed_registry
 
@@ -32,6 +34,8 @@ def world(tmp_path):
                 s.set_space(name, space)
             s.upsert(name, np.arange(40), X[:40])
         s.set_alias("live", "served")
+        s.create("narrow", 8)
+        s.upsert("narrow", np.arange(40), X[:40, :8])
     with TestClient(create_app(settings_for(tmp_path, vectordb_url=url))) as c:
         yield c
 
@@ -109,3 +113,80 @@ def test_the_checks_name_the_cli_flags_for_the_cli(tmp_path):
         check_map_space(s, "dst", None, "a2b", "a", "b")  # nothing recorded: the run checks the rows
     finally:
         s.close()
+
+
+def test_a_map_of_another_width_is_a_422_naming_map_and_no_job(world, tmp_path):
+    """A map whose input is 16-d for a collection of 8-d vectors (a map for another model, and no space recorded to
+    tell it by): 202, then a job that failed with "'narrow' holds 8-d vectors, the map expects 16-d". Refused as the
+    request comes, naming ``map``; no job, no target, no checkpoint."""
+    r = _post(world, source="narrow", target="new")
+    msg = r.json()["error"]["message"]
+    assert r.status_code == 422 and r.json()["error"]["type"] == "DimensionMismatchError", r.text
+    assert "source 'narrow' holds 8-d vectors but map 'a2b:1' reads 16-d rows" in msg, msg
+    assert "give map a map from the source's 8-d space" in msg and "--map" not in msg, msg
+    r = _post(world, source="narrow", target="new", dry_run=True)  # a dry run makes the run's checks: the same
+    assert r.status_code == 422, r.text
+    assert world.get("/v1/jobs", headers=W).json()["data"] == []
+    assert not list((tmp_path / "data").glob("migrations/*.json"))
+
+
+def test_keep_ids_of_another_kind_than_the_sources_are_a_422_and_no_job(world):
+    """``src`` keys its rows by integers: keep ids that are not integers were refused by the job (202, then failed);
+    the request reads the source's first row and refuses them itself."""
+    keep = {"ids": ["a", "b"], "vectors": [[0.1] * 16, [0.2] * 16]}
+    r = _post(world, source="src", target="new", keep=keep)
+    msg = r.json()["error"]["message"]
+    assert r.status_code == 422 and "'src' keys its rows by integers, but the keep ids hold 2 that are not" in msg, \
+        r.text
+    assert world.get("/v1/jobs", headers=W).json()["data"] == []
+    r = _post(world, source="src", target="new", keep={**keep, "ids": ["3", "7"]}, dry_run=True)  # decimal strings
+    assert r.status_code == 202, r.text
+
+
+def test_a_verification_with_a_field_its_collections_lack_is_refused_before_a_job_exists(world):
+    """``POST /v1/verifications`` named a field the collection lacks (or a collection that does not exist): 202, then
+    a job that failed. Refused as the request comes, with the check a migration request makes (the field named as
+    the request names it, the collection as the request's ``collection`` or ``source``); no job."""
+    base = {"collection": "src", "source": "src", "map": "a2b"}
+    r = world.post("/v1/verifications", json={**base, "vector_field": "emb"}, headers=W)
+    msg = r.json()["error"]["message"]
+    assert r.status_code == 422, r.text
+    assert "collection 'src' has no vector field 'emb'; it has one unnamed vector" in msg and "fix vector_field" in msg
+    assert "--vector-field" not in msg, msg
+    r = world.post("/v1/verifications", json={**base, "collection": "nope"}, headers=W)
+    assert r.status_code == 404 and "nope" in r.json()["error"]["message"], r.text
+    r = world.post("/v1/verifications", json={**base, "source": "gone"}, headers=W)
+    assert r.status_code == 404 and "gone" in r.json()["error"]["message"], r.text
+    assert world.get("/v1/jobs", headers=W).json()["data"] == []
+    r = world.post("/v1/verifications", json=base, headers=W)  # fields the collections have: queued
+    assert r.status_code == 202, r.text
+
+
+def test_the_width_keep_and_field_checks_name_the_cli_flags_for_the_cli(tmp_path):
+    """The checks as ``vecbridge migrate`` / ``verify`` word them (exit 2: typed errors): ``--map``, the keep set's
+    flags, ``--vector-field``."""
+    pytest.importorskip("qdrant_client")
+    from align.exceptions import DimensionMismatchError, InputError
+    from service.ops.migration_checks import check_keep_matches, check_map_width, check_source_fields
+    from service.vectordb import CheckpointMismatchError, QdrantStore
+
+    s = QdrantStore(path=str(tmp_path / "qd"))
+    try:
+        s.create("src", 4)
+        with pytest.raises(DimensionMismatchError) as e:
+            check_map_width(s, "src", "a2b", 6)
+        assert "source 'src' holds 4-d vectors but --map 'a2b' reads 6-d rows" in str(e.value), e.value
+        check_map_width(s, "src", "a2b", 4)
+        check_map_width(s, "src", "a2b", None)  # not known before the run: its own check
+        with pytest.raises(CheckpointMismatchError, match="Give the same --keep-ids / --keep-vectors"):
+            check_keep_matches({"keep_digest": "ab" * 32, "keep_rows": 3}, None)
+        check_keep_matches({"keep_digest": None}, None)
+        check_keep_matches(None, None)  # no checkpoint
+    finally:
+        s.close()
+    named = QdrantStore(path=str(tmp_path / "qd"), vector_field="emb")
+    try:
+        with pytest.raises(InputError, match="collection 'src' has no vector field 'emb'.*fix --vector-field"):
+            check_source_fields(named, "src", {"vector_field": "emb"}, role="collection")
+    finally:
+        named.close()

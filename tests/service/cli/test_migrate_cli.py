@@ -625,3 +625,29 @@ def test_a_text_field_none_of_the_first_points_has_is_refused_naming_the_payload
     with _open(world) as s:
         assert not s.exists("tf_wrong")
     assert vb(world["data"], *common, "--target", "tf_lang", "--text-field", "lang", "--dry-run").returncode == 0
+
+
+def test_a_map_of_another_width_is_refused_naming_the_flag_before_the_run_starts(world, vb):
+    """A 16-d map for a collection of 8-d vectors: exit 2 with "'narrow' holds 8-d vectors, the map expects 16-d",
+    naming no option; the check a request makes before its job exists, before the run takes its lock, now words it
+    for the command line (--map, as given) and is the same check: no target, no checkpoint."""
+    with _open(world) as s:
+        s.create("narrow", 8)
+        s.upsert("narrow", np.arange(10), world["X"][:10, :8])
+    p = vb(world["data"], "migrate", "--store", world["store"], "--source", "narrow", "--target", "narrow_b",
+           "--map", "a2b@prod", "--quiet")
+    lines = p.stderr.strip().splitlines()
+    assert p.returncode == 2 and len(lines) == 1, p.stderr
+    assert "source 'narrow' holds 8-d vectors but --map 'a2b@prod' reads 16-d rows" in lines[0], p.stderr
+    with _open(world) as s:
+        assert not s.exists("narrow_b")
+    assert not (world["data"] / "migrations" / "narrow-to-narrow_b.json").exists()
+
+
+def test_a_verify_naming_a_field_the_collection_lacks_is_refused_naming_the_flag(world, vb):
+    """The check ``POST /v1/verifications`` makes before its job (the migration's): a vector field the collection
+    lacks was the engine's own words ("has one unnamed vector, not 'dense'"), naming no option."""
+    p = vb(world["data"], "verify", "--store", world["store"], "--collection", "docs_a", "--source", "docs_a",
+           "--map", "a2b@prod", "--vector-field", "dense", "--quiet")
+    assert p.returncode == 2 and "collection 'docs_a' has no vector field 'dense'" in p.stderr, p.stderr
+    assert "fix --vector-field" in p.stderr, p.stderr

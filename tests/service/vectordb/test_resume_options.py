@@ -200,7 +200,8 @@ def test_an_older_releases_run_recording_an_index_on_qdrant_resumes_by_its_print
 def test_a_resume_over_http_with_another_keep_set_is_refused_naming_the_requests_field(world):
     """A migration started over HTTP with a ``keep`` set, stopped, then sent again with another set (or none): the
     refusal said "Pass the same --keep-ids / --keep-vectors", flags an HTTP client never sends. It names the
-    request's ``keep`` field and "this request"; the CLI's refusal names its flags (test_vectordb_keep)."""
+    request's ``keep`` field and "this request"; the CLI's refusal names its flags (test_vectordb_keep). It was a 202
+    whose job failed: it is a 409 before a job exists, as a resume with other options is; the same set resumes."""
     from fastapi.testclient import TestClient
 
     from service.api.app import create_app
@@ -214,10 +215,14 @@ def test_a_resume_over_http_with_another_keep_set_is_refused_naming_the_requests
         msgs = []
         for keep in ({"ids": [3, 50, 99], "vectors": (-Y).tolist()}, None):
             r = c.post("/v1/migrations", json={**body, **({} if keep is None else {"keep": keep})}, headers=W)
-            assert r.status_code == 202, r.text
-            job = wait_http_job(c, r.json()["id"], headers=W)
-            assert job["state"] == "failed" and job["error"]["type"] == "CheckpointMismatchError", job
-            msgs.append(job["error"]["message"])
+            assert r.status_code == 409 and r.json()["error"]["type"] == "CheckpointMismatchError", r.text
+            msgs.append(r.json()["error"]["message"])
+        assert c.get("/v1/jobs", headers=W).json()["data"] == []  # refused before a job exists
+        r = c.post("/v1/migrations", json={**body, "keep": {"ids": [99, 3, 50], "vectors": Y[[2, 0, 1]].tolist()}},
+                   headers=W)  # the same set, listed in another order: resumed
+        assert r.status_code == 202, r.text
+        job = wait_http_job(c, r.json()["id"], headers=W)
+        assert job["state"] == "succeeded" and job["result"]["report"]["resumed_from"] is not None, job
     assert "keeping 3 re-embedded rows" in msgs[0] and "; this request keeps 3 (digest " in msgs[0], msgs
     assert "; this request keeps none" in msgs[1], msgs
     for msg in msgs:
