@@ -124,6 +124,9 @@ class MigrationStatus(BaseModel):
         "ticks since boot); null in a checkpoint of an older vecbridge."))
     why: str | None = Field(None, description="What `state` rests on: `process N is gone` (interrupted), or a run "
                                               "on another host that cannot be checked from this one.")
+    engine: str | None = Field(None, description=(
+        "The engine the migration ran on (`milvus`, `pgvector`, `qdrant`); null in a checkpoint of an older "
+        "vecbridge."))
     resume: str | None = Field(None, description="The `vecbridge migrate` command that resumes it, with the options "
                                                  "its run recorded (`--alias`, `--index`, field names, spaces, "
                                                  "`--data-dir`, `--registry-url`; `STORE`: the same vector "

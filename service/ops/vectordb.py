@@ -359,9 +359,11 @@ def checkpoint_status(checkpoint, store_url: str | None = None) -> dict:
     once finished, or of a checkpoint no command resumes), ``resume_note`` what that command cannot say itself. The
     keep set it was given (``migrate --keep-ids``, ``keep``), which a resume must give again: ``keep_rows`` (0:
     none), ``kept`` (rows written with their own vectors so far; None without a set) and ``keep_digest`` (its first
-    12 hex digits, as a refused resume names it; None without a set). ``store_url``: the store the run is on where
-    the caller knows it (``--store``, the configured one; only its scheme is read): on Milvus or Qdrant the command
-    leaves out an ``--index`` an older release recorded there (refused now, and ignored then)."""
+    12 hex digits, as a refused resume names it; None without a set). ``engine``: the store's engine the run
+    records (``milvus``, ``pgvector``, ``qdrant``; None in a checkpoint of a release that recorded none): on Milvus or
+    Qdrant the command leaves out an ``--index`` an older release recorded there (refused now, and ignored then).
+    ``store_url``: the store the run is on where the caller knows it (``--store``, the configured one; only its scheme
+    is read), which tells that of a checkpoint without ``engine``."""
     ckpt = checkpoint if isinstance(checkpoint, Checkpoint) else FileCheckpoint(checkpoint)
     file = isinstance(ckpt, FileCheckpoint)
     # a file's path made absolute: the resume command (and a path copied from the status) may be run elsewhere
@@ -381,6 +383,7 @@ def checkpoint_status(checkpoint, store_url: str | None = None) -> dict:
             "finished": bool(state.get("finished")), "state": now, "fields": state.get("fields", []),
             "rows_per_s": None if rate is None else round(rate, 1), "eta_s": None if eta is None else round(eta, 1),
             "updated_at": updated or state.get("finished_at"), "holder": state.get("holder"), "why": why,
+            "engine": state.get("engine"),
             "resume": None if state.get("finished") or not file else _resume_command(state, where, store_url),
             "resume_note": None if state.get("finished") else _resume_note(state, file, store_url),
             **_keep_status(state)}
@@ -429,10 +432,18 @@ def _artifact_dir_of(opts: dict) -> str | None:
     return None
 
 
+def _on_postgres(state: dict, store_url: str | None) -> bool | None:
+    """Whether the run is on PostgreSQL: by the engine its checkpoint records, else (a checkpoint of a release that
+    recorded none) by the scheme of ``store_url``, the caller's store; None when neither tells."""
+    if state.get("engine"):
+        return state["engine"] == "pgvector"
+    return None if not store_url else is_postgres_url(store_url)
+
+
 def _index_of(state: dict, store_url: str | None) -> str | None:
     """The ``--index`` a resume gives: the recorded one, none on a store known not to be PostgreSQL's."""
     index = (state.get("options") or {}).get("index")
-    return None if store_url and not is_postgres_url(store_url) else index
+    return None if _on_postgres(state, store_url) is False else index
 
 
 def _resume_command(state: dict, checkpoint, store_url: str | None = None) -> str:
@@ -467,7 +478,7 @@ def _resume_note(state: dict, file: bool = True, store_url: str | None = None) -
         notes.append("the registry URL's password is not recorded (***): give it in the PGPASSWORD environment "
                      "variable and remove the :*** (or password=***) from --registry-url, or leave --registry-url "
                      "out and set VECBRIDGE_REGISTRY_URL (or VECBRIDGE_REGISTRY_URL_FILE) to the whole URL")
-    if (index := _index_of(state, store_url)) not in (None, "like"):
+    if (index := _index_of(state, store_url)) not in (None, "like") and _on_postgres(state, store_url) is None:
         notes.append(f"--index {index} is for a PostgreSQL STORE: on a Milvus or Qdrant one leave it out (the "
                      "target takes the source's own index)")
     return "; ".join(notes) or None

@@ -283,10 +283,13 @@ class MigrationReport:
         return asdict(self)
 
 
-def _fresh_state(source, target, fp, total, label: str | None = None) -> dict:
+def _fresh_state(source, target, fp, total, label: str | None = None, engine: str | None = None) -> dict:
+    """A new run's checkpoint state; ``engine``: the store's (``milvus``, ``pgvector``, ``qdrant``), recorded so that
+    ``migrate --status`` and ``GET /v1/migrations`` tell a PostgreSQL run's ``--index`` from an older release's
+    ignored one without being told the store."""
     return {"source": source, "target": target, "map_fingerprint": fp, "first_id": None, "last_id": None,
             "done": 0, "batches": 0, "total": int(total), "finished": False, "started_at": time.time(),
-            "nulls": "kept", **({"map": label} if label else {})}
+            "nulls": "kept", **({"map": label} if label else {}), **({"engine": engine} if engine else {})}
 
 
 def migrate(store: VectorStore, source: str, target: str, map_, *, alias: str | None = None,
@@ -374,6 +377,12 @@ def _start(store: VectorStore, state: dict | None, source: str, target: str, fp:
             raise CheckpointMismatchError(
                 f"the checkpoint was written with {was}; {now} differs (a name or alias that moved since?): pass "
                 f"{state['map'] if state.get('map') else 'that map'} to resume, or remove the checkpoint to start over")
+        engine = state.get("engine")  # None: a checkpoint of a release that did not record it
+        if engine is not None and engine != store.engine:
+            raise CheckpointMismatchError(
+                f"checkpoint records a migration on {engine}, and this store is {store.engine}: a migration of the "
+                "same collection names elsewhere (the default checkpoint is named by collections only)? pass "
+                "--checkpoint FILE for this one, or remove that checkpoint if its run is of no use")
         if not store.exists(target):  # e.g. the same names migrated in another store before: the default
             # checkpoint is named by collections only, and --overwrite cannot help (the checkpoint, not the target)
             raise CheckpointMismatchError(
@@ -510,7 +519,7 @@ def _migrate(store: VectorStore, source: str, target: str, map_, *, alias, batch
         if start == "drop":
             store.drop(target)
         store.create(target, map_.target_dim, metric=metric, like=source)
-        state = _fresh_state(source, target, fp, store.count(source), label)
+        state = _fresh_state(source, target, fp, store.count(source), label, store.engine)
         if keep is not None:  # the set's identity, as the map's: a resume with another set is refused
             state.update(keep_digest=keep.digest, keep_rows=len(keep), kept=0)
         checkpoint.save(state)
@@ -537,7 +546,7 @@ def _migrate(store: VectorStore, source: str, target: str, map_, *, alias, batch
     # this run's start, for --status's rate and ETA (not the first run's: time between runs is no work); holder: who
     # writes it, so that --status tells a run killed with kill -9 (it records no stop) from one still running
     state.update(run_started_at=time.time(), run_done_at_start=int(state["done"]), stopped_at=None,
-                 holder=this_process())
+                 holder=this_process(), engine=store.engine)  # engine: a checkpoint of a release before it, resumed
     checkpoint.save(state)
     try:
         for batch in store.scan(source, after_id=state["last_id"], batch_size=batch_size, with_fields=True):

@@ -123,6 +123,7 @@ def _recorded_by_an_older_release(ck: Path, index: str = "hnsw") -> dict:
     it ignored on Milvus and Qdrant): its state, rewritten."""
     state = json.loads(ck.read_text())
     state["options"]["index"] = index
+    state.pop("engine")  # such a release recorded no engine: the store is known only where the caller says it
     ck.write_text(json.dumps(state))
     return state
 

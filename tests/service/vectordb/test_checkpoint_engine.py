@@ -1,0 +1,149 @@
+"""A migration's checkpoint records the engine it ran on (``milvus``, ``pgvector``, ``qdrant``).
+
+It did not: ``migrate --status`` and ``GET /v1/migrations`` could tell a PostgreSQL run's ``--index hnsw`` (a real
+option, kept in the resume command) from an older release's ignored one on Milvus / Qdrant (left out) only when the
+caller named the store; without it the command kept the index and a note asked the reader to judge. The recorded
+engine answers that without the caller's store, a checkpoint of an older release gets one when it is resumed, and a
+checkpoint of another engine's run (the default checkpoint is named by collections only) is refused as such."""
+
+from __future__ import annotations
+
+import json
+import shlex
+
+import numpy as np
+import pytest
+from _api_support import W, settings_for
+from _servers import seed_registry
+from _vectordb_servers import pg_url, small_migration  # noqa: F401  (module-scoped fixture)
+
+from service.ops.vectordb import checkpoint_status, default_checkpoint, run_migration
+from service.registry import open_registry
+from service.vectordb import CheckpointMismatchError, MigrationInterrupted, open_store
+
+pytest.importorskip("qdrant_client")
+
+N = 120
+
+
+@pytest.fixture
+def world(tmp_path):
+    """A registry (spaces a, b; map a2b) in ``data`` and a local Qdrant folder holding ``src`` (N rows, space a)."""
+    data = tmp_path / "data"
+    X, _, _ = seed_registry(data)
+    url = f"qdrant://{tmp_path / 'qd'}"
+    with open_store(url) as s:
+        s.create("src", X.shape[1])
+        s.set_space("src", "a")
+        s.upsert("src", np.arange(N), X[:N], [f"t{i}" for i in range(N)])
+    reg = open_registry(f"sqlite:///{(data / 'registry.sqlite').resolve()}", (data / "artifacts").resolve())
+    yield {"tmp": tmp_path, "data": data, "url": url, "registry": reg}
+    reg.close()
+
+
+def _migrate(world, checkpoint, *, stop: bool = False, **opts):
+    """``run_migration`` of ``src`` into ``dst`` through ``a2b``, 40 rows a batch; ``stop``: stopped after the first."""
+    return run_migration(store_url=world["url"], source="src", target="dst", map_ref="a2b", checkpoint=checkpoint,
+                         registry=world["registry"], batch_size=40, data_dir=world["data"],
+                         cancelled=(lambda: True) if stop else None, **opts)
+
+
+def _rewritten(ck, **changes) -> dict:
+    """Checkpoint file ``ck`` with ``changes`` to its state (a key given None is removed); the new state."""
+    state = json.loads(ck.read_text())
+    for key, value in changes.items():
+        if value is None:
+            state.pop(key, None)
+        else:
+            state[key] = value
+    ck.write_text(json.dumps(state))
+    return state
+
+
+def test_a_run_records_its_engine_and_the_status_and_listing_show_it(world):
+    ck = default_checkpoint(world["data"], "src", "dst")
+    with pytest.raises(MigrationInterrupted):
+        _migrate(world, ck, stop=True, space_option="source_space")
+    assert json.loads(ck.read_text())["engine"] == "qdrant"
+    assert checkpoint_status(ck)["engine"] == "qdrant"  # no store given: the checkpoint says it
+    from fastapi.testclient import TestClient
+
+    from service.api.app import create_app
+
+    with TestClient(create_app(settings_for(world["tmp"], vectordb_url=world["url"]))) as c:
+        listed = c.get("/v1/migrations", headers=W).json()["data"]
+    assert [m["engine"] for m in listed] == ["qdrant"], listed
+
+
+@pytest.mark.parametrize(("engine", "kept", "noted"), [("pgvector", True, False), ("qdrant", False, False),
+                                                       ("milvus", False, False), (None, True, True)])
+def test_the_resume_command_reads_the_recorded_engine_where_no_store_is_given(world, engine, kept, noted):
+    """A stopped run whose checkpoint records ``index: hnsw``, read with no store known: a PostgreSQL run's command
+    keeps ``--index hnsw`` with no note (it is that target's option; the note told the reader to leave it out on
+    Milvus or Qdrant), a Milvus or Qdrant run's (an older release's option, resumed since) leaves it out. A checkpoint
+    that records no engine reads as before: kept, with the note."""
+    ck = world["tmp"] / "run.json"
+    with pytest.raises(MigrationInterrupted):
+        _migrate(world, ck, stop=True)
+    state = _rewritten(ck, engine=engine)
+    state["options"]["index"] = "hnsw"
+    ck.write_text(json.dumps(state))
+    st = checkpoint_status(ck)
+    assert st["engine"] == engine
+    argv = shlex.split(st["resume"])
+    assert (argv[argv.index("--index") + 1] == "hnsw") if kept else "--index" not in argv, argv
+    assert ("--index hnsw is for a PostgreSQL STORE" in (st["resume_note"] or "")) == noted, st
+    if engine is not None:  # the recorded engine wins over a store the caller names (another one, misnamed)
+        other = "postgresql://h/db" if engine != "pgvector" else world["url"]
+        assert shlex.split(checkpoint_status(ck, other)["resume"]) == argv
+
+
+def test_a_checkpoint_of_an_older_release_records_its_engine_once_resumed(world):
+    ck = world["tmp"] / "old.json"
+    with pytest.raises(MigrationInterrupted):
+        _migrate(world, ck, stop=True)
+    _rewritten(ck, engine=None)
+    assert checkpoint_status(ck)["engine"] is None
+    with pytest.raises(MigrationInterrupted):
+        _migrate(world, ck, stop=True)
+    state = json.loads(ck.read_text())
+    assert state["engine"] == "qdrant" and state["done"] == 80, state
+    assert _migrate(world, ck).rows == N
+
+
+def test_a_checkpoint_of_a_run_on_another_engine_is_refused_naming_both(world):
+    """The default checkpoint is named by collections only: a run of the same names on another database was taken
+    for this one's (refused only if the target was missing here; resumed into a same-named one). The engines tell."""
+    ck = world["tmp"] / "run.json"
+    with pytest.raises(MigrationInterrupted):
+        _migrate(world, ck, stop=True)
+    _rewritten(ck, engine="milvus")
+    before = ck.read_text()
+    with pytest.raises(CheckpointMismatchError, match="checkpoint records a migration on milvus, and this store is "
+                                                      "qdrant.*pass --checkpoint FILE for this one"):
+        _migrate(world, ck)
+    assert ck.read_text() == before
+    with pytest.raises(CheckpointMismatchError, match="on milvus.*migrate into another target name"):
+        _migrate(world, ck, space_option="source_space")  # an HTTP job's words: no CLI flag
+
+
+def test_a_postgresql_runs_status_keeps_its_index_without_a_store_given(pg_url, tmp_path):  # noqa: F811
+    """A real pgvector run given ``--index hnsw``, stopped: read with no store named (``--status`` without
+    ``--store`` or VECBRIDGE_VECTORDB_URL), its resume command gave ``--index hnsw`` with a note telling the reader to
+    leave it out on Milvus or Qdrant. The checkpoint says the run is PostgreSQL's: the option stays, no note."""
+    X, m = small_migration()
+    m.save(tmp_path / "m.safetensors")
+    with open_store(pg_url) as s:
+        s.drop("eng_src"), s.drop("eng_dst")
+        s.create("eng_src", X.shape[1])
+        s.upsert("eng_src", np.arange(len(X)), X)
+    ck = tmp_path / "pg.json"
+    with pytest.raises(MigrationInterrupted):
+        run_migration(store_url=pg_url, source="eng_src", target="eng_dst", map_ref=str(tmp_path / "m.safetensors"),
+                      checkpoint=ck, index="hnsw", batch_size=50, cancelled=lambda: True)
+    st = checkpoint_status(ck)
+    argv = shlex.split(st["resume"])
+    assert st["engine"] == "pgvector" and argv[argv.index("--index") + 1] == "hnsw", st
+    assert st["resume_note"] is None, st
+    with open_store(pg_url) as s:
+        s.drop("eng_src"), s.drop("eng_dst")
