@@ -26,7 +26,8 @@ from align.validation import MAX_EPS
 __all__ = [
     "Limits", "DEFAULT_LIMITS", "FIXED_LIMITS", "MAX_DIM", "MAX_ID", "MAX_SEED", "MAX_DESCRIPTION", "MAX_TAG_BYTES",
     "MAX_EXPLICIT_ID", "MAX_JSON_DEPTH", "MAX_NEW_TOKENS", "MAX_PATH_MAPS", "INDEX_PARAM_RULES", "IVF_TRAIN_PER_LIST",
-    "IVF_MAX_PER_LIST", "MAX_EF_SEARCH", "EXACT_FLOAT_INT", "whole_int",
+    "IVF_MAX_PER_LIST", "MAX_EF_SEARCH", "MAX_NLIST", "MAX_NPROBE", "MAX_CSLS_K", "MAX_VERIFY_K", "EXACT_FLOAT_INT",
+    "whole_int",
     "check_index_params", "seed_of", "check_dim", "check_json_depth", "check_int_literal", "JSON_INT_RANGE",
     "parse_strict_int", "check_range", "default_nlist", "default_nprobe", "IVF_SCAN_ROWS",
     "ivf_training", "limits_markdown", "WHOLE_BODY", "whole_body_command",
@@ -216,10 +217,17 @@ def check_json_depth(obj: Any, max_depth: int = MAX_JSON_DEPTH, what: str = "bod
 # kind -> {param: (lo, hi)}; hi may be a callable of the row count (IVF lists need training rows).
 #: HNSW search breadth, the index's parameter and a search request's ``ef_search`` alike
 MAX_EF_SEARCH = 32_768
+#: IVF lists of an index, and lists one search probes (an index's ``nprobe`` and a search's: HTTP's ``nprobe``, the
+#: CLI's ``--nprobe``; a C int in FAISS, so a bound each face checks before the call, with one message)
+MAX_NLIST = MAX_NPROBE = 65_536
+#: neighbours of CSLS's hubness term ``r(d)`` (a search's ``csls_k``, ``--csls-k``): one FAISS search of that breadth
+MAX_CSLS_K = 1_000
+#: the k of a verification's recall@k (HTTP's ``k``, ``vecbridge verify --k``): a search of the collection that deep
+MAX_VERIFY_K = 1_000
 INDEX_PARAM_RULES: dict[str, dict[str, tuple[int, int]]] = {
     "flat": {},
     "hnsw": {"M": (2, 256), "ef_construction": (1, 4_096), "ef_search": (1, MAX_EF_SEARCH)},
-    "ivf": {"nlist": (1, 65_536), "nprobe": (1, 65_536), "train_rows": (1, IVF_MAX_PER_LIST * 65_536)},
+    "ivf": {"nlist": (1, MAX_NLIST), "nprobe": (1, MAX_NPROBE), "train_rows": (1, IVF_MAX_PER_LIST * MAX_NLIST)},
 }
 
 

@@ -16,7 +16,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, Strict, creat
 
 from ..indexes import IndexInfo
 from ..indexes.csls import CSLS_WEIGHT
-from ..limits import (DEFAULT_LIMITS, MAX_DESCRIPTION, MAX_DIM, MAX_EF_SEARCH, MAX_SEED,
+from ..limits import (DEFAULT_LIMITS, MAX_CSLS_K, MAX_DESCRIPTION, MAX_DIM, MAX_EF_SEARCH, MAX_NPROBE, MAX_SEED,
                       MAX_STEER_EPS, check_json_depth)
 from ..ops.plans import EVAL_MAX_QUERIES
 from ..registry.models import SpaceInfo, SteerInfo, VersionInfo, display_fields
@@ -204,7 +204,7 @@ class SearchOptions(_Strict):
         f"Results per query: at most `limits.max_k` (default {DEFAULT_LIMITS.max_k}; the maximum here is this "
         f"service's); queries × k at most `max_hits` (default {DEFAULT_LIMITS.max_hits})."))
     csls: Flag = Field(False, description="Re-rank candidates by CSLS (reduces hubness of mapped queries).")
-    csls_k: Count = Field(10, ge=1, le=1000)
+    csls_k: Count = Field(10, ge=1, le=MAX_CSLS_K)
     csls_weight: Real = Field(CSLS_WEIGHT, ge=0, le=2, allow_inf_nan=False,
                                description="Weight w of the document's hubness in the CSLS score 2 cos(q, d) - r(q) - "
                                            "w r(d): 1 is classic CSLS, 0 the cosine order. The default 0.5 kept more "
@@ -213,7 +213,8 @@ class SearchOptions(_Strict):
     exact: Flag = Field(False, description="Scan every row (ignores the approximate structure).")
     ef_search: count(1, MAX_EF_SEARCH) | None = Field(
         None, description="HNSW breadth for this request (at most 32768); HNSW only (else, or with exact: 422).")
-    nprobe: count(1, 65_536) | None = Field(None, description="IVF lists probed for this request; IVF only (or 422).")
+    nprobe: count(1, MAX_NPROBE) | None = Field(
+        None, description=f"IVF lists probed for this request (at most {MAX_NPROBE}); IVF only (or 422).")
     include_payloads: Flag = True
     steers: dict[str, SteerEps] | None = Field(
         None, description="Steered search: `{steer ref: eps}` applied to the queries in the index's space (after "

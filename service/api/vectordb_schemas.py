@@ -7,6 +7,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictStr
 
+from ..limits import MAX_VERIFY_K
 from .name_types import Name, Ref
 from .number_types import Flag, count
 from .schemas import Count, Dim, DimCount, MapPath, Real, Seed, _Page, _Strict, _Vectors
@@ -61,7 +62,7 @@ class VerificationRequest(_Strict):
                                                         "against the map's; else its first rows are).")
     n_sample: Count = Field(2000, ge=2, le=100_000, description="Rows sampled for the re-embedding check.")
     queries: Count = Field(200, ge=1, le=10_000, description="Queries of the engine-search check.")
-    k: Count = Field(10, ge=1, le=1000)
+    k: Count = Field(10, ge=1, le=MAX_VERIFY_K)
     random_state: Count = Seed
     min_recall: Real | None = Field(None, ge=0, le=1, description="PASS/FAIL gate on recall@k (with `encoder`).")
     keep: KeepRows | None = Field(

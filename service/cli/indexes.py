@@ -29,7 +29,7 @@ from ..errors import EX_TEMPFAIL, exit_code
 from ..indexes import IndexConflictError, IndexStore
 from ..indexes.csls import CSLS_WEIGHT
 from ..io import check_file, check_not_input, iter_chunks, parse_rows, read_texts
-from ..limits import MAX_EF_SEARCH, MAX_ID, MAX_JSON_DEPTH, check_json_depth, seed_of
+from ..limits import MAX_CSLS_K, MAX_EF_SEARCH, MAX_ID, MAX_JSON_DEPTH, MAX_NPROBE, check_json_depth, seed_of
 from ..ops import indexes as index_ops
 from ..ops.index_files import (
     CHUNK_ROWS,
@@ -328,12 +328,14 @@ def index_drop(obj: Ctx, name, yes):
                    "from --space to the index's space (as the HTTP map list).")
 @click.option("-k", "--k", "k", type=click.IntRange(1), default=10, show_default=True, help="Hits per query (the HTTP k).")
 @click.option("--csls", is_flag=True, help="Re-rank by CSLS (less hubness).")
-@click.option("--csls-k", type=click.IntRange(1, 1000), default=10, show_default=True)
+@click.option("--csls-k", type=click.IntRange(1, MAX_CSLS_K), default=10, show_default=True,
+              help=f"Neighbours of CSLS's hubness term (1..{MAX_CSLS_K}, as over HTTP).")
 @click.option("--csls-weight", type=FiniteRange(0, 2), default=CSLS_WEIGHT, show_default=True)
 @click.option("--exact", is_flag=True, help="Scan every row (no HNSW / IVF approximation).")
 @click.option("--ef-search", type=click.IntRange(1, MAX_EF_SEARCH), default=None,
               help=f"HNSW search breadth (1..{MAX_EF_SEARCH}, as over HTTP); HNSW indexes only.")
-@click.option("--nprobe", type=click.IntRange(1), default=None)
+@click.option("--nprobe", type=click.IntRange(1, MAX_NPROBE), default=None,
+              help=f"IVF lists probed (1..{MAX_NPROBE}, as over HTTP; at most the index's nlist); IVF indexes only.")
 @click.option("--steer", "steers", multiple=True, help="REF=EPS: a steer of the index's space, repeatable.")
 @click.option("--payloads/--no-payloads", "with_payloads", default=None,
               help="Each hit's payload: in --json and --out answers unless --no-payloads (as the HTTP route's "

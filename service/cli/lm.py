@@ -15,6 +15,7 @@ import click
 from align.exceptions import InputError
 
 from ..io import read_texts
+from ..limits import MAX_NEW_TOKENS
 from ..ops import lm as ops
 from ._common import Ctx, FiniteRange, emit, json_opt, progress_bar, random_state_opt, read_labels, register_opts
 
@@ -54,8 +55,10 @@ def _steer_eps(items) -> dict:
 @click.option("--texts", required=True, type=click.Path(dir_okay=False), help="Texts (.txt one per line, .jsonl).")
 @click.option("--labels", required=True, type=click.Path(dir_okay=False), help=".npy or .txt: -1 / 0 / +1 per text.")
 @click.option("--name", required=True)
-@click.option("--rank", type=int, default=8, show_default=True)
-@click.option("--steps", type=int, default=200, show_default=True)
+@click.option("--rank", type=click.IntRange(1, ops.MAX_FIT_RANK), default=8, show_default=True,
+              help=f"Rank r of W (1..{ops.MAX_FIT_RANK}, as over HTTP; at most the model's hidden size).")
+@click.option("--steps", type=click.IntRange(1, ops.MAX_FIT_STEPS), default=200, show_default=True,
+              help=f"Adam steps (1..{ops.MAX_FIT_STEPS}, as over HTTP).")
 @click.option("--eps", type=float, default=1e-3, show_default=True, help="Training scale eps0.")
 @click.option("--lr", type=float, default=1e-2, show_default=True)
 @register_opts
@@ -79,7 +82,7 @@ def lm_steer_fit(obj: Ctx, texts, labels, name, rank, steps, eps, lr, random_sta
 @lm.command("generate")
 @click.option("--prompt", required=True)
 @click.option("--steer", "steers", multiple=True, help="REF=EPS, repeatable (composed by summation).")
-@click.option("--max-new-tokens", type=click.IntRange(1, 256), default=30, show_default=True)
+@click.option("--max-new-tokens", type=click.IntRange(1, MAX_NEW_TOKENS), default=30, show_default=True)
 @click.option("--temperature", type=FiniteRange(0, 10), default=1.0, show_default=True,
               help="Sampling temperature (sampling with --top-p is the default); 0: greedy.")
 @click.option("--top-p", type=FiniteRange(0.01, 1.0), default=0.9, show_default=True)

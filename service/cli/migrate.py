@@ -14,6 +14,7 @@ from tqdm import tqdm
 
 from align.exceptions import InputError
 
+from ..limits import MAX_VERIFY_K
 from ..ops.vectordb import (check_artifact_folder, checkpoint_status, default_checkpoint, kept_by_migration,
                               needs_registry, progress_record, run_migration, stopped_by)
 from ..ops.verify import run_verify, verify_verdict
@@ -218,7 +219,7 @@ class _MigrationProgress:
               help="Rows sampled from the collection (re-embedded, or of the held-out pairs).")
 @click.option("--queries", "n_queries", type=click.IntRange(1), default=200, show_default=True,
               help="How many of the sampled rows act as queries (a count; `eval --queries` is a file).")
-@click.option("--k", type=click.IntRange(1, 1000), default=10, show_default=True, help="Cut-off of recall@k.")
+@click.option("--k", type=click.IntRange(1, MAX_VERIFY_K), default=10, show_default=True, help="Cut-off of recall@k.")
 @random_state_opt
 @click.option("--min-recall", type=FiniteRange(0, 1), default=None,
               help="PASS/FAIL gate on recall@k: exit 1 when below.")

@@ -47,12 +47,15 @@ from ..registry.names import check_alias, check_name
 from .steers import check_steer_space, check_summed_eps
 
 __all__ = ["LM", "LMFit", "lm_space", "open_lm", "get_lm", "check_fit", "prepare_fit", "run_fit", "fit_steer",
-           "check_length", "generate", "analyze", "FIT_METRICS", "MAX_LM_EPS"]
+           "check_length", "generate", "analyze", "FIT_METRICS", "MAX_FIT_RANK", "MAX_FIT_STEPS", "MAX_LM_EPS"]
 
 #: metadata of a fitted LM steer kept as the version's metrics
 #: Upper bounds of an LM-Steer fit's training scale eps0 (default 1e-3) and Adam learning rate (default 1e-2):
 #: far above any useful value, far below what overflows float32 in the first step.
 MAX_FIT_EPS, MAX_FIT_LR = 100.0, 10.0
+#: Upper bounds of an LM-Steer fit's rank r and Adam steps (HTTP's ``rank`` / ``steps``, ``lm steer-fit --rank`` /
+#: ``--steps``, :func:`check_fit`): the CLI took any integer, and a mistyped --steps trained on for days
+MAX_FIT_RANK, MAX_FIT_STEPS = 1_024, 20_000
 #: Bound of a steer's strength in generate and analyze (``eps = 1`` is the trained strength): far past any useful
 #: value; beyond it the "log-probabilities" of analyze were numbers like 4e28 and generation a fixed word. The
 #: library's bound (``align.validation.MAX_EPS``: the steering code checks it too), so one number.
@@ -137,8 +140,8 @@ def check_fit(spec: LMFit) -> LMFit:
     check_name(spec.name, "steer name")
     if spec.alias is not None:
         check_alias(spec.alias)
-    if spec.steps < 1 or spec.rank < 1:
-        raise InputError("steps and rank must be >= 1")
+    check_number("steps", spec.steps, 1, MAX_FIT_STEPS, whole=True)
+    check_number("rank", spec.rank, 1, MAX_FIT_RANK, whole=True)
     # bounded above too: eps or lr of 1e308 was accepted and failed in the job (NonFiniteError), minutes later
     check_number("eps", spec.eps, 0, MAX_FIT_EPS, lo_open=True)
     check_number("lr", spec.lr, 0, MAX_FIT_LR, lo_open=True)

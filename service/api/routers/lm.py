@@ -59,10 +59,10 @@ class LMFitRequest(_Strict):
     name: Name = Field(..., description="Steer name; the fit registers its next version in space `lm.<model>`.")
     texts: list[str] = Field(..., min_length=2, description="Training texts.")
     labels: list[Count] = Field(..., description="One per text: +1 wanted style, -1 opposite, 0 ignored.")
-    rank: Count = Field(8, ge=1, le=1024, description="Rank r of W = P1 P2^T.")
+    rank: Count = Field(8, ge=1, le=ops.MAX_FIT_RANK, description="Rank r of W = P1 P2^T.")
     eps: Real = Field(1e-3, gt=0, le=ops.MAX_FIT_EPS, allow_inf_nan=False,
                       description="Training scale eps0 (folded into P1).")
-    steps: Count = Field(200, ge=1, le=20_000, description="Adam steps.")
+    steps: Count = Field(200, ge=1, le=ops.MAX_FIT_STEPS, description="Adam steps.")
     lr: Real = Field(1e-2, gt=0, le=ops.MAX_FIT_LR, allow_inf_nan=False, description="Adam learning rate.")
     random_state: Count = Seed
     alias: AliasName | None = None
