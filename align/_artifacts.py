@@ -365,7 +365,8 @@ class ValueObject:
 
 class StoredMap(ValueObject):
     """``from_bytes`` / ``save`` / ``load`` for a map class with ``to_bytes(format)`` and
-    ``_from_arrays(arrays, header)`` (LinearMap, ClusterMap, MapChain: one implementation for all).
+    ``from_artifact(arrays, header)``, the map of an unpacked artifact (LinearMap, ClusterMap, MapChain: one
+    implementation for all).
 
     A map caches the constants of its fused apply (``_fused``) on first use; assigning any attribute drops them,
     so ``m.W = W2`` takes effect (it applied the old W), also while another thread builds them (:meth:`_keep_plan`).
@@ -427,7 +428,7 @@ class StoredMap(ValueObject):
     def from_bytes(cls, data):
         """Read what :meth:`to_bytes` wrote (npz or safetensors, told apart by the bytes; ``data``: the bytes or a
         binary file open on them); SerializationError otherwise."""
-        return cls._from_arrays(*unpack(data, f"{cls.__name__} artifact"))
+        return cls.from_artifact(*unpack(data, f"{cls.__name__} artifact"))
 
     def save(self, path, format: str | None = None) -> Path:
         """Write atomically to ``path`` (format from the suffix unless given)."""

@@ -180,7 +180,8 @@ class MapChain(NonLinearAlgebra, StoredMap):
         return pack(arrays, header, format)
 
     @classmethod
-    def _from_arrays(cls, arrays: dict, header: dict) -> "MapChain":
+    def from_artifact(cls, arrays: dict, header: dict) -> "MapChain":
+        """The chain of an unpacked artifact's ``arrays`` and ``header`` (as :meth:`LinearMap.from_artifact`)."""
         from .maps import map_from_bytes
 
         check_header(header, FORMAT, FORMAT_VERSION, "MapChain")

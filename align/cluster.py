@@ -38,8 +38,8 @@ from ._artifacts import StoredMap, check_header, pack, stored_fields
 from .chain import NonLinearAlgebra
 from .validation import as_matrix, as_real_array, check_representable, copies_whole
 from .exceptions import DimensionMismatchError, InputError, TooFewRowsError
-from .frames import _NORM_LO, _SQ_HI, _SQ_LO, Frame, tame_rows, unit_rows
-from .maps import _NU2_MIN, _raw_t, _Scalars
+from .frames import NORM_LO, SQ_HI, SQ_LO, Frame, tame_rows, unit_rows
+from .maps import NU2_MIN, Scalars, raw_t
 from .kmeans import lloyd
 from .options import check_batch_size, check_number
 
@@ -203,7 +203,7 @@ class ClusterMap(NonLinearAlgebra, StoredMap):
         for s in range(0, X.shape[0], step):
             if p["folded"]:
                 x = tame_rows(X[s : s + step])
-                n1 = np.maximum(np.sqrt(np.einsum("ij,ij->i", x, x).astype(np.float64)), _NORM_LO)  # zero rows only
+                n1 = np.maximum(np.sqrt(np.einsum("ij,ij->i", x, x).astype(np.float64)), NORM_LO)  # zero rows only
                 K = (x @ p["Q"]).astype(np.float64)  # x·mu_s, x·c_j
                 sc = np.sqrt(np.maximum(1.0 - 2.0 * K[:, 0] / n1 + p["mu_sq"], 1e-24))
                 top, w = self._route_scores((K[:, 1:] / n1[:, None] - p["mu_c"]) / sc[:, None])
@@ -243,7 +243,7 @@ class ClusterMap(NonLinearAlgebra, StoredMap):
         ~0.3 ms in ~50 numpy calls on tiny arrays). False (the block form then does it) for other
         source frames, a norm outside the safe range or NaN/Inf."""
         sq = float(np.vdot(x, x))
-        if not (p["folded"] and _SQ_LO < sq < _SQ_HI):
+        if not (p["folded"] and SQ_LO < sq < SQ_HI):
             return False
         n1 = math.sqrt(sq)
         K = (x @ p["Q"]).astype(np.float64)  # x·mu_s, x·c_j
@@ -275,13 +275,13 @@ class ClusterMap(NonLinearAlgebra, StoredMap):
             dest[0] = Y
             return True
         nu2 = float(np.vdot(Y, Y))
-        if not _SQ_LO < nu2 < math.inf:  # squares past float32's range, or a zero row: _finish decides
+        if not SQ_LO < nu2 < math.inf:  # squares past float32's range, or a zero row: _finish decides
             return False
         nu = math.sqrt(nu2)
         if output == "frame":
             np.multiply(Y, np.float32(1.0 / nu), out=dest[0])
         elif ft.unit_in and ft.unit_out and ft.mean is not None:
-            t = _raw_t(float(Y @ ft.mean) / nu, p["mut_sq"], _Scalars)
+            t = raw_t(float(Y @ ft.mean) / nu, p["mut_sq"], Scalars)
             np.multiply(Y, np.float32(t / nu), out=dest[0])
             dest += ft.mean
         else:
@@ -298,14 +298,14 @@ class ClusterMap(NonLinearAlgebra, StoredMap):
             return
         with np.errstate(over="ignore", invalid="ignore", under="ignore"):
             sq = np.einsum("ij,ij->i", Y, Y).astype(np.float64)
-        if not (np.isfinite(sq.sum()) and sq.min() > _SQ_LO):  # squares past float32's range (rows ~1e19 or ~1e-16)
+        if not (np.isfinite(sq.sum()) and sq.min() > SQ_LO):  # squares past float32's range (rows ~1e19 or ~1e-16)
             sq = np.einsum("ij,ij->i", Y, Y, dtype=np.float64)  # Inf/NaN left in Y fail check_representable
-        nu = np.sqrt(np.maximum(sq, _NU2_MIN))
+        nu = np.sqrt(np.maximum(sq, NU2_MIN))
         if output == "frame":
             np.multiply(Y, (1.0 / nu).astype(np.float32)[:, None], out=dest)
         elif ft.unit_in and ft.unit_out and ft.mean is not None:
             mf = (Y @ ft.mean).astype(np.float64) / nu
-            t = _raw_t(mf, p["mut_sq"])
+            t = raw_t(mf, p["mut_sq"])
             np.multiply(Y, (t / nu).astype(np.float32)[:, None], out=dest)
             dest += ft.mean
         else:
@@ -326,7 +326,8 @@ class ClusterMap(NonLinearAlgebra, StoredMap):
         return pack(arrays, header, format)
 
     @classmethod
-    def _from_arrays(cls, arrays: dict, header: dict) -> "ClusterMap":
+    def from_artifact(cls, arrays: dict, header: dict) -> "ClusterMap":
+        """The map of an unpacked artifact's ``arrays`` and ``header`` (as :meth:`LinearMap.from_artifact`)."""
         check_header(header, FORMAT, FORMAT_VERSION, "ClusterMap")
         with stored_fields("ClusterMap"):
             return cls(centroids=arrays["centroids"], W=arrays["W"], bias=arrays["bias"],
@@ -343,12 +344,12 @@ def route_centroids(F: np.ndarray, k: int, rng: np.random.Generator, *, n_iter: 
 
     Same ``rng`` state → same centroids. TooFewRowsError when ``k`` exceeds the rows.
     """
-    from .coverage import _d2_sample
+    from .coverage import d2_sample
 
     if k < 1 or k > F.shape[0]:
         raise TooFewRowsError(f"{k} clusters need at least {k} rows, got {F.shape[0]}")
     Z = F if F.shape[0] <= sample else F[np.sort(rng.permutation(F.shape[0])[:sample])]
-    init = Z[_d2_sample(Z, k, rng)]
+    init = Z[d2_sample(Z, k, rng)]
     C, _, _ = lloyd([Z], init, n_iter=n_iter)
     return unit_rows(C)
 

@@ -1,6 +1,6 @@
 """Which rows of an old corpus to re-embed: :func:`select_rows_to_embed`, coverage sampling by k-means++ seeding
 (D² sampling, Arthur & Vassilvitskii 2007) on unit rows, so the K re-embedded pairs cover the corpus's regions;
-``"random"`` is the baseline. :func:`_d2_sample` is also the k-means seeding of :mod:`align.cluster`.
+``"random"`` is the baseline. :func:`d2_sample` is also the k-means seeding of :mod:`align.cluster`.
 :func:`keep_native_rows` puts the re-embedded rows' own new-model vectors back into the migrated corpus.
 
 A corpus holds copies (one text stored twice, boilerplate): a copy of a chosen row is the same vector, so neither
@@ -28,7 +28,7 @@ from .frames import unit_rows
 from .options import check_number
 from .validation import as_matrix, check_random_state, row_groups
 
-__all__ = ["distinct_rows_to_embed", "keep_native_rows", "select_rows_to_embed"]
+__all__ = ["distinct_rows_to_embed", "keep_native_rows", "select_rows_to_embed", "d2_sample"]
 
 
 def _first_of_each(rows: np.ndarray, group: np.ndarray) -> np.ndarray:
@@ -37,8 +37,8 @@ def _first_of_each(rows: np.ndarray, group: np.ndarray) -> np.ndarray:
     return rows[np.sort(first)]
 
 
-def _d2_sample(Z: np.ndarray, k: int, rng: np.random.Generator, *, rounds: int = 32, block: int = 8192,
-               group: np.ndarray | None = None) -> np.ndarray:
+def d2_sample(Z: np.ndarray, k: int, rng: np.random.Generator, *, rounds: int = 32, block: int = 8192,
+              group: np.ndarray | None = None) -> np.ndarray:
     """k-means++ style seeding in ``rounds`` batches: ``k`` distinct row indices of ``Z`` (n, d).
 
     Each round draws ``ceil(k / rounds)`` new rows without replacement with probability ∝ the
@@ -138,7 +138,7 @@ def distinct_rows_to_embed(X_old, k: int, *, method: str = "kmeans++", random_st
         if group is None:
             return np.sort(rng.choice(X.shape[0], size=int(k), replace=False)), distinct
         return np.sort(_first_of_each(rng.permutation(X.shape[0]), group)[:k]), distinct
-    return np.sort(_d2_sample(_reduce(X, rng), int(k), rng, group=group)), distinct
+    return np.sort(d2_sample(_reduce(X, rng), int(k), rng, group=group)), distinct
 
 
 def keep_native_rows(migrated, rows, Y_new, *, copy: bool = True, unit: bool = True) -> np.ndarray:

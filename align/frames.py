@@ -21,7 +21,7 @@ from .exceptions import InputError, SerializationError
 from .validation import as_matrix
 
 __all__ = ["Frame", "frame_sum", "mean_sum", "unit_rows", "row_norms", "tame_rows", "SAME_SPACE_MIN_COSINE",
-           "SAME_SPACE_CHECKED_COSINE", "MEAN_CHECK_MIN_ROWS", "MEAN_CHECK_MIN_NORM"]
+           "SAME_SPACE_CHECKED_COSINE", "MEAN_CHECK_MIN_ROWS", "MEAN_CHECK_MIN_NORM", "SQ_LO", "SQ_HI", "NORM_LO"]
 
 #: :meth:`Frame.mean_cosine` below this: the frame does not recognise the rows: another model's, or rows of one narrow
 #: topic of its own space, so a low figure alone proves nothing (a migration refuses only rows that the map's TARGET
@@ -50,15 +50,15 @@ MEAN_CHECK_MIN_NORM = 0.1
 
 # Squared norms a float32 sum of squares holds exactly enough: below, squares underflow (rows of
 # 1e-25 would read as 0); above, they overflow (rows of 1e20 would read as inf).
-_SQ_LO, _SQ_HI = 1e-30, 1e36
-_NORM_LO = 1e-15  # sqrt(_SQ_LO): the smallest norm of a non-zero row that a scale-free frame does not tame
+SQ_LO, SQ_HI = 1e-30, 1e36
+NORM_LO = 1e-15  # sqrt(SQ_LO): the smallest norm of a non-zero row that a scale-free frame does not tame
 
 
 def _sq_norms(X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """``(|x_i|^2 as float64, mask of rows outside the safe float32 range)``; exact for those rows."""
     with np.errstate(over="ignore", under="ignore"):
         sq = np.einsum("ij,ij->i", X, X)
-    bad = ~((sq > _SQ_LO) & (sq < _SQ_HI))
+    bad = ~((sq > SQ_LO) & (sq < SQ_HI))
     sq = sq.astype(np.float64)
     if bad.any():
         Xb = X[bad].astype(np.float64)
@@ -86,7 +86,7 @@ def unit_rows(X: np.ndarray) -> np.ndarray:
     X = np.asarray(X)
     if X.ndim == 2 and X.shape[0] == 1 and X.dtype == np.float32:  # one query: ~10 numpy calls fewer
         sq1 = float(np.vdot(X, X))
-        if _SQ_LO < sq1 < _SQ_HI:  # NaN/Inf and extreme rows take the general path
+        if SQ_LO < sq1 < SQ_HI:  # NaN/Inf and extreme rows take the general path
             return X * np.float32(1.0 / math.sqrt(sq1))
     sq, bad = _sq_norms(X)
     norms = np.sqrt(sq)
@@ -106,9 +106,9 @@ def tame_rows(X: np.ndarray) -> np.ndarray:
     """
     with np.errstate(over="ignore", under="ignore"):
         sq = np.einsum("ij,ij->i", X, X)
-    if sq.size and _SQ_LO < sq.min() and sq.max() < _SQ_HI:  # the common case in two reductions
+    if sq.size and SQ_LO < sq.min() and sq.max() < SQ_HI:  # the common case in two reductions
         return X
-    bad = ~((sq > _SQ_LO) & (sq < _SQ_HI)) & (sq != 0)
+    bad = ~((sq > SQ_LO) & (sq < SQ_HI)) & (sq != 0)
     zero = sq == 0
     if zero.any():  # a float32 zero can hide tiny non-zero rows (squares underflowed)
         bad |= zero & np.any(X != 0, axis=1)
@@ -138,7 +138,7 @@ def mean_sum(X: np.ndarray, *, unit_in: bool = True) -> tuple[np.ndarray, int]:
     if unit_in and X.dtype == np.float32 and X.ndim == 2 and X.shape[0]:
         with np.errstate(over="ignore", under="ignore", invalid="ignore"):
             sq = np.einsum("ij,ij->i", X, X)
-        if _SQ_LO < sq.min() and sq.max() < _SQ_HI:  # no zero, tiny, huge or non-finite row: all n are non-zero
+        if SQ_LO < sq.min() and sq.max() < SQ_HI:  # no zero, tiny, huge or non-finite row: all n are non-zero
             return (np.float32(1.0) / np.sqrt(sq) @ X).astype(np.float64), X.shape[0]
     return frame_sum(X, unit_in=unit_in), int(np.count_nonzero(np.any(X != 0, axis=1)))
 
@@ -194,14 +194,15 @@ class Frame(ValueObject):
         return self.mean is not None
 
     @classmethod
-    def fit(cls, X, *, center: bool = True, unit_in: bool = True, unit_out: bool = True, name: str = "X") -> "Frame":
-        """Fit a frame on training rows ``X`` of shape (n, d)."""
-        X = as_matrix(X, name=name)
-        return cls._fit(X, center=center, unit_in=unit_in, unit_out=unit_out)
+    def fit(cls, X, *, center: bool = True, unit_in: bool = True, unit_out: bool = True, name: str = "X",
+            validate: bool = True) -> "Frame":
+        """Fit a frame on training rows ``X`` of shape (n, d).
 
-    @classmethod
-    def _fit(cls, X: np.ndarray, *, center=True, unit_in=True, unit_out=True, block: int = 65536) -> "Frame":
-        total = frame_sum(X, unit_in=unit_in, block=block) if center else None
+        ``validate=False`` skips :func:`align.validation.as_matrix` for callers that already hold a checked
+        float32 C-contiguous (n, d) array (as :meth:`apply`)."""
+        if validate:
+            X = as_matrix(X, name=name)
+        total = frame_sum(X, unit_in=unit_in) if center else None
         return cls.from_sum(X.shape[1], X.shape[0], total, unit_in=unit_in, unit_out=unit_out)
 
     @classmethod

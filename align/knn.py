@@ -28,7 +28,7 @@ from .exceptions import DimensionMismatchError, InputError, ShapeError
 from .options import check_flag, check_number
 
 __all__ = ["knn", "knn_blocks", "merge_topk", "mean_topk", "csls_knn", "mutual_nn", "faiss_available", "check_count",
-           "DEFAULT_BLOCK"]
+           "DEFAULT_BLOCK", "knn_unchecked"]
 
 DEFAULT_BLOCK = 2048
 
@@ -101,9 +101,10 @@ def _knn_block(Q: np.ndarray, D: np.ndarray, k: int, bias_d: np.ndarray | None, 
     return _topk_block(S, k)
 
 
-def _knn(Q: np.ndarray, D: np.ndarray, k: int, *, block_size: int = DEFAULT_BLOCK,
-         use_faiss: bool | None = None, bias_d: np.ndarray | None = None, executor=None):
-    """Guts of :func:`knn` for valid float32 input. ``bias_d`` (m,) is added to every score.
+def knn_unchecked(Q: np.ndarray, D: np.ndarray, k: int, *, block_size: int = DEFAULT_BLOCK,
+                  use_faiss: bool | None = None, bias_d: np.ndarray | None = None, executor=None):
+    """Guts of :func:`knn` for valid float32 input, unchecked (the caller holds checked float32 rows).
+    ``bias_d`` (m,) is added to every score.
 
     Queries go in blocks of at most ``8 * block_size`` rows with FAISS (``block_size`` without), all
     of one size (the last may be a few rows shorter), one :func:`_knn_block` call each, through
@@ -136,7 +137,7 @@ def knn(Q, D, k: int = 10, *, block_size: int = DEFAULT_BLOCK, use_faiss: bool |
     if use_faiss is not None:
         check_flag("use_faiss", use_faiss)  # "no" is truthy: it chose FAISS
     with np.errstate(over="ignore", invalid="ignore"):
-        S, I = _knn(Q, D, k, block_size=block_size, use_faiss=use_faiss, executor=executor)
+        S, I = knn_unchecked(Q, D, k, block_size=block_size, use_faiss=use_faiss, executor=executor)
     return _checked(S, "knn scores"), I
 
 
@@ -153,7 +154,7 @@ def _db_block_topk(Q: np.ndarray, block, k: int, open_block: Callable | None):
     if D.shape[1] != Q.shape[1]:
         raise DimensionMismatchError(f"queries have {Q.shape[1]} columns, a database block {D.shape[1]}")
     with np.errstate(over="ignore", invalid="ignore"):
-        S, I = _knn(Q, D, min(k, D.shape[0]), executor=serial)
+        S, I = knn_unchecked(Q, D, min(k, D.shape[0]), executor=serial)
     return S, I, int(D.shape[0])
 
 
@@ -187,7 +188,7 @@ def knn_blocks(Q, db_blocks: Sequence, k: int = 10, *, open_block: Callable | No
 def mean_topk(Q: np.ndarray, D: np.ndarray, k: int = 10, **kw) -> np.ndarray:
     """``r_D(q)``: mean of the ``k`` largest inner products of each query with ``D``; shape (n,)."""
     k = min(k, D.shape[0])
-    return _knn(Q, D, k, **kw)[0].mean(axis=1)
+    return knn_unchecked(Q, D, k, **kw)[0].mean(axis=1)
 
 
 def _radii(r, n: int, name: str) -> np.ndarray:
@@ -211,7 +212,7 @@ def csls_knn(Q, D, k: int = 1, *, csls_k: int = 10, r_q: np.ndarray | None = Non
     with np.errstate(over="ignore", invalid="ignore"):
         r_d = mean_topk(D, Q, csls_k, block_size=block_size) if r_d is None else _radii(r_d, D.shape[0], "r_d")
         r_q = mean_topk(Q, D, csls_k, block_size=block_size) if r_q is None else _radii(r_q, Q.shape[0], "r_q")
-        S, I = _knn(Q * 2.0, D, k, block_size=block_size, bias_d=-np.asarray(r_d, np.float32))
+        S, I = knn_unchecked(Q * 2.0, D, k, block_size=block_size, bias_d=-np.asarray(r_d, np.float32))
         S = S - np.asarray(r_q, np.float32)[:, None]
     return _checked(S, "CSLS scores"), I
 
@@ -234,8 +235,8 @@ def _mutual_nn(Q: np.ndarray, D: np.ndarray, csls_k: int, block_size: int):
         s_f, fwd = csls_knn(Q, D, 1, r_q=r_q, r_d=r_d, block_size=block_size)
         _, bwd = csls_knn(D, Q, 1, r_q=r_d, r_d=r_q, block_size=block_size)
     else:
-        s_f, fwd = _knn(Q, D, 1, block_size=block_size)
-        s_b, bwd = _knn(D, Q, 1, block_size=block_size)
+        s_f, fwd = knn_unchecked(Q, D, 1, block_size=block_size)
+        s_b, bwd = knn_unchecked(D, Q, 1, block_size=block_size)
         _checked(s_f, "knn scores"), _checked(s_b, "knn scores")
     fwd, bwd = fwd[:, 0], bwd[:, 0]
     iq = np.nonzero(bwd[fwd] == np.arange(Q.shape[0]))[0]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["fit_learning_curve", "forecast", "forecast_per_k", "kept_forecast"]
+__all__ = ["fit_learning_curve", "forecast", "forecast_per_k", "kept_forecast", "curve_fit"]
 
 
 def fit_learning_curve(ks: np.ndarray, vals: np.ndarray) -> tuple[float, float, float, float]:
@@ -30,7 +30,7 @@ def fit_learning_curve(ks: np.ndarray, vals: np.ndarray) -> tuple[float, float, 
     return r_inf, c, beta, float(np.sqrt(sse / max(1, len(vals) - 3)))
 
 
-def _curve_fit(points: list[dict], labelled: bool) -> dict:
+def curve_fit(points: list[dict], labelled: bool) -> dict:
     """One method's forecast (the dict :func:`forecast` reads) from its learning-curve ``points``: the curve of
     :func:`fit_learning_curve` and a spread, the mean over the subsets' spreads plus, with labelled queries, a
     quarter of the query interval at the largest K (the forecast interval is ± 2 x their sum)."""

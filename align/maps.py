@@ -24,20 +24,20 @@ from . import linalg
 from ._artifacts import StoredMap, check_header, pack, read_file, stored_fields, unpack
 from .validation import as_matrix, as_real_array, check_representable, copies_whole
 from .exceptions import DimensionMismatchError, InputError, NotRepresentableError
-from .frames import _NORM_LO, _SQ_HI, _SQ_LO, Frame, tame_rows
+from .frames import NORM_LO, SQ_HI, SQ_LO, Frame, tame_rows
 from .options import check_batch_size
 
-__all__ = ["LinearMap", "FORMAT_VERSION", "map_from_bytes", "load_map"]
+__all__ = ["LinearMap", "FORMAT_VERSION", "map_from_bytes", "load_map", "NU2_MIN", "raw_t", "Scalars"]
 
 FORMAT_VERSION = 1
 _BLOCK_ROWS = 1024  # rows per fused block: output block (1024 x d_t float32) stays in L2/L3
-_NU2_MIN = 1e-60  # floor of an output's squared norm (zero rows only): its 1/|u| stays finite in float32
+NU2_MIN = 1e-60  # floor of an output's squared norm (zero rows only): its 1/|u| stays finite in float32
 #: an output row whose values are bounded below this (Cauchy-Schwarz on the GEMM's two sides) cannot have overflowed:
 #: float32 holds up to 3.4e38, and the GEMM's rounding moves a bound by a factor ~(1 + d eps), far below 30
 _OUT_BOUND = 1e37
 
 
-def _raw_t(mf, mu_sq: float, xp=np):
+def raw_t(mf, mu_sq: float, xp=np):
     """``t > 0`` with ``|mu + t f| = 1`` for unit ``f`` and ``mf = mu·f``: ``sqrt(mf^2 + 1 - |mu|^2) - mf``."""
     return xp.maximum(xp.sqrt(xp.maximum(mf * mf + 1.0 - mu_sq, 0.0)) - mf, 1e-12)
 
@@ -60,7 +60,7 @@ def _orthonormal(W: np.ndarray, atol: float, diag_atol: float | None = None) -> 
     return True
 
 
-class _Scalars:
+class Scalars:
     """The few functions :meth:`LinearMap._terms` needs, on Python floats: a single row's factors cost
     ~0.1 µs per operation this way against ~1-3 µs per numpy call on one-element arrays."""
 
@@ -223,7 +223,7 @@ class LinearMap(StoredMap):
             x = X[s : s + block]
             with np.errstate(over="ignore", under="ignore", invalid="ignore"):
                 sq = np.einsum("ij,ij->i", x, x)
-            if not (_SQ_LO < sq.min() and sq.max() < _SQ_HI):  # NaN fails both comparisons
+            if not (SQ_LO < sq.min() and sq.max() < SQ_HI):  # NaN fails both comparisons
                 if not checked:
                     as_matrix(X, name=name)  # raises NonFiniteError naming the bad row count
                     checked = True
@@ -294,7 +294,7 @@ class LinearMap(StoredMap):
 
     def _terms(self, p: dict, n1, dot, m: int, output: str, xp) -> tuple:
         """Per-row factors of the fused form, on arrays of ``m`` rows (``xp=_Arrays``) or one row's floats
-        (``_Scalars``): ``(r, beta, gamma, shift, alpha, u_mut)``; ``r`` is None when the output is scaled
+        (``Scalars``): ``(r, beta, gamma, shift, alpha, u_mut)``; ``r`` is None when the output is scaled
         after the GEMM (then ``alpha``/``u_mut`` finish it), else the row scale applied before it.
 
         ``n1`` = ``|x|``; ``dot(name)`` = ``x·q`` (float64) for the plan vector ``q = plan[name]``, called only for
@@ -304,8 +304,8 @@ class LinearMap(StoredMap):
         if p["folded"]:
             # |unit(x)|^2: 1, and 0 for a zero row (unit(0) = 0, framed as -mu / |mu| as Frame.apply has it; taken
             # as 1, its output was off the frame's, norm 0.25 where a unit row was due)
-            one = xp.minimum(n1 / _NORM_LO, 1.0)
-            n1 = xp.maximum(n1, _NORM_LO)  # only zero rows are below it (smaller ones were tamed)
+            one = xp.minimum(n1 / NORM_LO, 1.0)
+            n1 = xp.maximum(n1, NORM_LO)  # only zero rows are below it (smaller ones were tamed)
             s = xp.sqrt(xp.maximum(one - 2.0 * dot("q_mu") / n1 + p["mu_sq"], 1e-24))
             ns = n1 * s
             alpha, beta, gamma = 1.0 / ns, -n1, ns
@@ -331,11 +331,11 @@ class LinearMap(StoredMap):
                     nu = ns * xp.sqrt(xp.maximum(1.0 + 2.0 * g + p["b_sq"], 1e-24))
             else:  # u = x' W + b
                 xb = dot("q_b") if p["has_bias"] else 0.0  # (xW)·b
-                nu = xp.sqrt(xp.maximum(n1 * n1 + 2.0 * gamma * xb + gamma * gamma * p["b_sq"], _NU2_MIN))
+                nu = xp.sqrt(xp.maximum(n1 * n1 + 2.0 * gamma * xb + gamma * gamma * p["b_sq"], NU2_MIN))
             if unit:
                 r = 1.0 / nu
             else:
-                t = _raw_t(u_mut / nu, p["mut_sq"], xp)
+                t = raw_t(u_mut / nu, p["mut_sq"], xp)
                 r, shift = t / nu, nu / t
         return r, beta, gamma, shift, alpha, u_mut
 
@@ -385,12 +385,12 @@ class LinearMap(StoredMap):
         if unit or closed_raw:  # W without orthonormal rows: measure |u| on the output, scale in place
             with np.errstate(over="ignore", invalid="ignore", under="ignore"):
                 nu2 = np.einsum("ij,ij->i", y, y).astype(np.float64)
-            if not (np.isfinite(nu2.sum()) and nu2.min() > _SQ_LO):  # squares past float32's range either way
+            if not (np.isfinite(nu2.sum()) and nu2.min() > SQ_LO):  # squares past float32's range either way
                 nu2 = np.einsum("ij,ij->i", y, y, dtype=np.float64)  # exact for any finite float32 y
                 if not np.isfinite(nu2.sum()):  # y itself not finite
                     return False
-            nu = np.sqrt(np.maximum(nu2, _NU2_MIN))
-            y *= ((1.0 / nu) if unit else _raw_t(u_mut / nu, p["mut_sq"]) / nu).astype(np.float32)[:, None]
+            nu = np.sqrt(np.maximum(nu2, NU2_MIN))
+            y *= ((1.0 / nu) if unit else raw_t(u_mut / nu, p["mut_sq"]) / nu).astype(np.float32)[:, None]
             if closed_raw:
                 y += ft.mean
             return True
@@ -412,10 +412,10 @@ class LinearMap(StoredMap):
         if p["copy_frame"] or not (unit or closed_raw):
             return False
         sq = float(np.vdot(x, x))  # float32 like the block's einsum; Inf/NaN fail the range test (vdot: no FP warning)
-        if not _SQ_LO < sq < _SQ_HI:
+        if not SQ_LO < sq < SQ_HI:
             return False
         scale, beta, gamma, shift, _, u_mut = self._terms(p,
-            math.sqrt(sq), lambda k: float(x @ p[k]), 1, output, _Scalars)
+            math.sqrt(sq), lambda k: float(x @ p[k]), 1, output, Scalars)
         d_s = x.shape[0]
         k = self._width(p, output)
         xa = np.empty((1, d_s + k), dtype=np.float32)
@@ -429,10 +429,10 @@ class LinearMap(StoredMap):
         if scale is not None:
             return math.isfinite(r + beta * r + gamma * r + shift * r)
         nu2 = float(np.vdot(y[0], y[0]))
-        if not _SQ_LO < nu2 < math.inf:  # squares past float32's range, a zero or overflowed row: the block decides
+        if not SQ_LO < nu2 < math.inf:  # squares past float32's range, a zero or overflowed row: the block decides
             return False
         nu = math.sqrt(nu2)
-        y *= np.float32(1.0 / nu if unit else _raw_t(u_mut / nu, p["mut_sq"], _Scalars) / nu)
+        y *= np.float32(1.0 / nu if unit else raw_t(u_mut / nu, p["mut_sq"], Scalars) / nu)
         if closed_raw:
             y += ft.mean
         return True
@@ -503,7 +503,8 @@ class LinearMap(StoredMap):
         return arrays, header
 
     @classmethod
-    def _from_arrays(cls, arrays: dict, header: dict) -> "LinearMap":
+    def from_artifact(cls, arrays: dict, header: dict) -> "LinearMap":
+        """The map of an unpacked artifact's ``arrays`` and ``header`` (:meth:`from_bytes`, :func:`map_from_bytes`)."""
         check_header(header, "vecbridge.LinearMap", FORMAT_VERSION, "LinearMap")
         with stored_fields("LinearMap"):
             return cls(
@@ -530,10 +531,10 @@ def map_from_bytes(data):
 
     arrays, header = unpack(data, "map artifact")
     if header.get("format") == CLUSTER_FORMAT:
-        return ClusterMap._from_arrays(arrays, header)
+        return ClusterMap.from_artifact(arrays, header)
     if header.get("format") == CHAIN_FORMAT:
-        return MapChain._from_arrays(arrays, header)
-    return LinearMap._from_arrays(arrays, header)
+        return MapChain.from_artifact(arrays, header)
+    return LinearMap.from_artifact(arrays, header)
 
 
 def load_map(path):

@@ -201,11 +201,11 @@ def _frame_of(X: np.ndarray, U: np.ndarray | None) -> Frame:
     """The frame (unit, centre, unit) of the rows of ``X`` (n, d) and ``U`` (m, d) together, from the sums of
     each (:func:`frame_sum`, exact to add): no concatenated copy of both."""
     if U is None:
-        return Frame._fit(X)
+        return Frame.fit(X, validate=False)
     return Frame.from_sum(X.shape[1], X.shape[0] + U.shape[0], frame_sum(X) + frame_sum(U))
 
 
-class _Problem:
+class Problem:
     """Framed views of the pairs and unpaired rows, shared by every candidate fit.
 
     Every family maps into the target's centred frame (unit → centre → unit), where shrinkage
@@ -257,19 +257,19 @@ def _stats(A, B, idx) -> PairStats:
     return PairStats.from_arrays(A[idx], B[idx])
 
 
-def _fit_procrustes(P: _Problem, idx, opts) -> LinearMap:
+def procrustes_candidate(P: Problem, idx, opts) -> LinearMap:
     W, _ = procrustes_from_stats(_stats(P.Xf, P.Yc, idx))
     return P.linear(W, None, {"method": "procrustes", "family": "orthogonal", "objective": "least squares",
                               "params": {}})
 
 
-def _ridge(P: _Problem, idx, alpha_rel: float) -> LinearMap:
+def ridge_candidate(P: Problem, idx, alpha_rel: float) -> LinearMap:
     W, b = ridge_from_stats(_stats(P.Xf, P.Yc, idx), alpha=alpha_rel * len(idx), fit_intercept=True)
     return P.linear(W, b, {"method": "ridge", "family": "affine", "objective": "least squares",
                            "params": {"alpha": alpha_rel}})
 
 
-def _lowrank(P: _Problem, idx, rank: int, alpha_rel: float, base: LinearMap) -> LinearMap:
+def _lowrank(P: Problem, idx, rank: int, alpha_rel: float, base: LinearMap) -> LinearMap:
     W0, b0 = P.affine(base)
     R = P.Yc[idx] - (P.Xf[idx] @ W0 + b0)
     stats = PairStats.from_arrays(P.Xf[idx], R)
@@ -303,7 +303,7 @@ _CONTRASTIVE_RANGES = {"epochs": (1, 10_000), "temperature": (1e-3, 10.0), "batc
                        "lr": (1e-8, 10.0), "reg": (0.0, 1e6), "hard_negatives": (0, 64)}
 
 
-def _hard_negatives(P: _Problem, idx, h: int):
+def _hard_negatives(P: Problem, idx, h: int):
     """Hard negatives for the pairs ``idx``: near target rows (row term) and near source rows (column term).
 
     Pools are the unpaired rows when given, else the training pairs themselves (own row excluded).
@@ -317,7 +317,7 @@ def _hard_negatives(P: _Problem, idx, h: int):
     return hard_x, pool_x, hard_t, pool_t
 
 
-def _contrastive(P: _Problem, idx, cfg: ContrastiveConfig, warm: LinearMap, rng, callback=None) -> LinearMap:
+def _contrastive(P: Problem, idx, cfg: ContrastiveConfig, warm: LinearMap, rng, callback=None) -> LinearMap:
     W0, b0 = P.affine(warm)
     hard_x, pool_x, hard_t, pool_t = _hard_negatives(P, idx, cfg.hard_negatives)
     W, b, hist = fit_contrastive_W(P.Xf[idx], P.Yc[idx], W0, b0, config=cfg, hard_x=hard_x, pool_x=pool_x,
@@ -329,7 +329,7 @@ def _contrastive(P: _Problem, idx, cfg: ContrastiveConfig, warm: LinearMap, rng,
                           "params": params, "loss": [h["loss"] for h in hist]})
 
 
-def _cluster_parts(P: _Problem, idx, k: int, base: LinearMap, rng) -> tuple[np.ndarray, ClusterResiduals]:
+def _cluster_parts(P: Problem, idx, k: int, base: LinearMap, rng) -> tuple[np.ndarray, ClusterResiduals]:
     """Routing centroids (on the pairs ``idx`` plus the unpaired source rows) and the residual equations."""
     F = P.Xf[idx] if P.Uf is None else np.concatenate([P.Xf[idx], P.Uf])
     C = route_centroids(F, k, rng)
@@ -337,7 +337,7 @@ def _cluster_parts(P: _Problem, idx, k: int, base: LinearMap, rng) -> tuple[np.n
     return C, ClusterResiduals(P.Xf[idx], P.Yc[idx], labels, k, *P.affine(base))
 
 
-def _cluster_map(P: _Problem, C, res: ClusterResiduals, lam: float, blend: int, tau: float, alpha: float) -> ClusterMap:
+def _cluster_map(P: Problem, C, res: ClusterResiduals, lam: float, blend: int, tau: float, alpha: float) -> ClusterMap:
     W, b = res.solve(lam)
     params = {"n_clusters": int(C.shape[0]), "shrink": lam, "blend": int(blend), "temperature": tau,
               "alpha": alpha, "pairs_per_cluster": res.counts.tolist()}
@@ -346,7 +346,7 @@ def _cluster_map(P: _Problem, C, res: ClusterResiduals, lam: float, blend: int, 
                                 "objective": "least squares, shrunk toward the global ridge map", "params": params})
 
 
-def _select_cluster(P: _Problem, tr, val, ridge: LinearMap, alpha: float, opts: dict, rng) -> tuple[dict, dict]:
+def _select_cluster(P: Problem, tr, val, ridge: LinearMap, alpha: float, opts: dict, rng) -> tuple[dict, dict]:
     """Best (n_clusters, λ) on the held-out pairs at the first (blend, τ), then the best (blend, τ) for it.
 
     Returns (its scores, its settings). Two stages keep the held-out scorings to
@@ -422,7 +422,7 @@ def check_options(method: str, options: dict, n_pairs: int | None = None,
     return options
 
 
-def _score(P: _Problem, m: LinearMap, val, *, retention: bool = False, again: bool = False) -> dict:
+def _score(P: Problem, m: LinearMap, val, *, retention: bool = False, again: bool = False) -> dict:
     """Held-out scores; the unpaired rows (a sample) compete as the rest of the corpus / index. Each map scored
     counts in ``P.n_scored`` (``again``: a map scored before): the best of that many is chosen on these rows."""
     P.n_scored += 0 if again else 1
@@ -434,12 +434,12 @@ def _score(P: _Problem, m: LinearMap, val, *, retention: bool = False, again: bo
     return out
 
 
-def _select(P: _Problem, tr, val, candidates, opts, rng) -> tuple[str, dict, dict, str]:
+def _select(P: Problem, tr, val, candidates, opts, rng) -> tuple[str, dict, dict, str]:
     """Fit every candidate on ``tr``, score on ``val``; returns (best name, its settings, all scores, why it)."""
     scores: dict = {}
     settings: dict = {}
     t0 = time.perf_counter()
-    proc = _fit_procrustes(P, tr, opts)
+    proc = procrustes_candidate(P, tr, opts)
     scores["procrustes"] = {**_score(P, proc, val, retention=True), "seconds": time.perf_counter() - t0}
     settings["procrustes"] = {}
     t0 = time.perf_counter()
@@ -449,7 +449,7 @@ def _select(P: _Problem, tr, val, candidates, opts, rng) -> tuple[str, dict, dic
     best_r = None
     for i, a in enumerate(alphas):
         P.report("select: ridge", i / len(alphas))  # progress, and where a cancel stops the grid
-        m = _ridge(P, tr, float(a))
+        m = ridge_candidate(P, tr, float(a))
         s = _score(P, m, val)
         if best_r is None or s["score"] > best_r[1]["score"]:
             best_r = (m, s, float(a))
@@ -517,20 +517,21 @@ def _candidate_record(scores: dict) -> dict:
     return {("cos_raw" if k == "cos" else k): (round(v, 5) if isinstance(v, float) else v) for k, v in scores.items()}
 
 
-def _fit_final(P: _Problem, name: str, setting: dict, opts: dict, rng) -> LinearMap:
+def _fit_final(P: Problem, name: str, setting: dict, opts: dict, rng) -> LinearMap:
     idx = np.arange(P.X.shape[0])
     if name == "procrustes":
-        return _fit_procrustes(P, idx, opts)
+        return procrustes_candidate(P, idx, opts)
     alpha = float(setting.get("alpha", opts.get("alpha", 1e-2)))
     if name == "ridge":
-        return _ridge(P, idx, alpha)
+        return ridge_candidate(P, idx, alpha)
     if name == "lowrank":
-        return _lowrank(P, idx, int(setting.get("rank", opts.get("rank", 32))), alpha, _fit_procrustes(P, idx, opts))
+        rank = int(setting.get("rank", opts.get("rank", 32)))
+        return _lowrank(P, idx, rank, alpha, procrustes_candidate(P, idx, opts))
     if name == "cluster":
         if not setting:  # no selection (fewer than 20 pairs): fewest clusters, strong shrinkage, first blend
             counts, shrinks, blends, _ = cluster_grid(opts, len(idx), dims=(P.X.shape[1], P.Y.shape[1]))
             setting = {"n_clusters": counts[0], "shrink": shrinks[-1], "blend": blends[0][0], "temperature": blends[0][1]}
-        C, res = _cluster_parts(P, idx, int(setting["n_clusters"]), _ridge(P, idx, alpha), rng)
+        C, res = _cluster_parts(P, idx, int(setting["n_clusters"]), ridge_candidate(P, idx, alpha), rng)
         return _cluster_map(P, C, res, float(setting["shrink"]), int(setting["blend"]), float(setting["temperature"]),
                             alpha)
     if setting.get("trained") is not None:  # many pairs: keep the best epoch of the selection run (80 % of the pairs)
@@ -540,7 +541,8 @@ def _fit_final(P: _Problem, name: str, setting: dict, opts: dict, rng) -> Linear
     cfg = _contrastive_config(opts)
     if "epochs" in setting:
         cfg.epochs = int(setting["epochs"])
-    warm = _ridge(P, idx, alpha) if setting.get("warm_start", "ridge") == "ridge" else _fit_procrustes(P, idx, opts)
+    ridge_warm = setting.get("warm_start", "ridge") == "ridge"
+    warm = ridge_candidate(P, idx, alpha) if ridge_warm else procrustes_candidate(P, idx, opts)
     return _contrastive(P, idx, cfg, warm, rng,
                         callback=lambda epoch, W, b: P.report("final fit: contrastive", (epoch + 1) / cfg.epochs))
 
@@ -585,7 +587,7 @@ def fit_migration(X_src, Y_tgt, *, method: str = "auto", unpaired_source=None, u
     Ut = None if unpaired_target is None else as_matrix(unpaired_target, name="unpaired_target", dim=Y.shape[1])
     rng = check_random_state(random_state)
     t_start = time.perf_counter()
-    P = _Problem(X, Y, Us, Ut)
+    P = Problem(X, Y, Us, Ut)
     if progress is not None:
         P.report = progress
     n = X.shape[0]
@@ -612,7 +614,7 @@ def fit_migration(X_src, Y_tgt, *, method: str = "auto", unpaired_source=None, u
         cands = candidates if method == "auto" else (method,)
         # candidates are fitted and scored in frames of the training pairs: frames of all K pairs were shaped by the
         # held-out rows too (K=100 WordNet pairs: held-out top-1 0.80 recorded, 0.60 in training frames)
-        S = _Problem(X, Y, Us, Ut, frame_rows=tr)
+        S = Problem(X, Y, Us, Ut, frame_rows=tr)
         S.report = P.report
         S.distractors(rng)
         S.report("select", 0.0)

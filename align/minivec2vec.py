@@ -397,7 +397,8 @@ class MiniVec2Vec(Estimator):
         timings: dict = {}
 
         t0 = time.perf_counter()
-        fs, ft = Frame._fit(X), Frame._fit(Y)  # on all rows; below, only the rows the fit uses are framed
+        # on all rows; below, only the rows the fit uses are framed
+        fs, ft = Frame.fit(X, validate=False), Frame.fit(Y, validate=False)
         fit_s, judge_s = self._split(X.shape[0], seeds[0] if seeded else None, need, rng, groups[0])
         fit_t, judge_t = self._split(Y.shape[0], seeds[1] if seeded else None, need, rng, groups[1])
         if judge_s.size == 0 or judge_t.size == 0:  # too few rows to hold out: judged on the training rows

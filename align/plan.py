@@ -25,7 +25,7 @@ from .validation import (as_matrix, check_labelled_queries, check_paired, check_
 from .exceptions import InputError, TooFewRowsError
 from .frames import Frame, unit_rows
 from .knn import knn, knn_blocks
-from .learning_curve import _curve_fit, fit_learning_curve, forecast, forecast_per_k, kept_forecast
+from .learning_curve import curve_fit, fit_learning_curve, forecast, forecast_per_k, kept_forecast
 from .options import check_callable, check_flag, check_number
 from .plan_checks import (UNPAIRED_MIN_PROBE, best_migrating, check_curve_informative, check_pairs_beyond_chance,
                           check_queries_find_relevant, same_up_to_rotation, short_of_target, unpaired_note,
@@ -60,7 +60,8 @@ def knn_overlap(A, B, *, k: int = 10, beyond_chance: bool = False) -> float:
                               + (f"lower k to at most {n - 2} or give more rows" if n >= 3 else "give more rows"))
     check_rankable(A, name="A")  # all-zero or constant rows: every neighbourhood a tie, overlap 1.0
     check_rankable(B, name="B")
-    Za, Zb = Frame._fit(A).apply(A, validate=False), Frame._fit(B).apply(B, validate=False)
+    Za = Frame.fit(A, validate=False).apply(A, validate=False)
+    Zb = Frame.fit(B, validate=False).apply(B, validate=False)
     overlap = overlap_without_self(knn(Za, Za, k + 1)[1], knn(Zb, Zb, k + 1)[1], k)
     return _beyond_chance(overlap, k, A.shape[0]) if beyond_chance else overlap
 
@@ -386,7 +387,7 @@ def plan_migration(X_old, probe_src, probe_tgt, *, random_state=0, target_retent
     with ``select_rows=False``, for callers such as a fit report that only want the forecast, and when the rows are
     every row of ``X_old``: ``rows_to_embed_all`` True, the rows ``0..n-1`` unlisted), ``notes``.
     """
-    from .migration import _Problem, _fit_procrustes, _ridge
+    from .migration import Problem, procrustes_candidate, ridge_candidate
 
     n_old, n_src, n_tgt = names
     Xo = as_matrix(X_old, name=n_old)
@@ -436,9 +437,9 @@ def plan_migration(X_old, probe_src, probe_tgt, *, random_state=0, target_retent
     else:
         val, pool = lab.split(rng, p)
         rows = slice(None)  # the whole corpus: a view, not a copy
-    P = _Problem(A, B, Xo, None)
+    P = Problem(A, B, Xo, None)
     # its splits from a child of rng (spawned, not drawn: every other draw of the plan is as it was)
-    unpaired = (unpaired_share(lambda idx: _ridge(P, idx, 1e-2), A, B, random_state=_child(rng))
+    unpaired = (unpaired_share(lambda idx: ridge_candidate(P, idx, 1e-2), A, B, random_state=_child(rng))
                 if p >= UNPAIRED_MIN_PROBE else None)
     T_val = unit_rows(B[val])
     extra = unit_rows(Xo[rows])
@@ -467,7 +468,7 @@ def plan_migration(X_old, probe_src, probe_tgt, *, random_state=0, target_retent
             vals = []
             for r in range(repeats if k < top else 1):
                 idx = np.sort(rng.permutation(pool)[:k]) if k < top else np.sort(pool)
-                fitted = _fit_procrustes(P, idx, {}) if m == "procrustes" else _ridge(P, idx, 1e-2)
+                fitted = procrustes_candidate(P, idx, {}) if m == "procrustes" else ridge_candidate(P, idx, 1e-2)
                 if lab is None:
                     vals.append(nn_retention(T_val, fitted.apply(A[val], output="raw", validate=False),
                                              extra_M=fitted.apply(extra, output="raw", validate=False)))
@@ -494,7 +495,7 @@ def plan_migration(X_old, probe_src, probe_tgt, *, random_state=0, target_retent
                 keep=keep))
     check_curve_informative(curve, val.size if lab is None else int(lab.Q.shape[0]), top, A.shape[1], p,
                             labelled=lab is not None)
-    fits = {m: _curve_fit(curve[m], lab is not None) for m in methods}
+    fits = {m: curve_fit(curve[m], lab is not None) for m in methods}
     best = max(methods, key=lambda m: curve[m][-1]["mean"])  # at the probe's largest K
     predicted = forecast_per_k(fits, best, target_ks, top, dim=A.shape[1])
     # K >= n_old re-embeds the whole corpus: every row native, no map to lose anything (one row, retention 1)

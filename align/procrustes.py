@@ -343,8 +343,8 @@ def lowrank_from_stats(stats: PairStats, *, rank: int, alpha: float = 1.0, fit_i
 
 def fit_frames(X, Y, *, center: bool = True, normalize: bool = True) -> tuple[Frame, Frame]:
     """Fit each side's own frame (unit → centre → unit) on its training rows."""
-    return (Frame._fit(X, center=center, unit_in=normalize, unit_out=normalize),
-            Frame._fit(Y, center=center, unit_in=normalize, unit_out=normalize))
+    return (Frame.fit(X, center=center, unit_in=normalize, unit_out=normalize, validate=False),
+            Frame.fit(Y, center=center, unit_in=normalize, unit_out=normalize, validate=False))
 
 
 def pair_stats(X: np.ndarray, Y: np.ndarray, frames: tuple[Frame, Frame], *, chunk_size: int = 65536) -> PairStats:

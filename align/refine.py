@@ -46,6 +46,7 @@ from .procrustes import procrustes_W
 __all__ = [
     "relative_representation", "soft_pseudo_targets", "procrustes_map", "refine_icp", "refine_clusters",
     "csls_nn", "mutual_csls_pairs", "self_learning", "bidirectional_polish", "map_criterion", "seed_relative_init",
+    "inv_sqrt_cov",
 ]
 
 
@@ -344,7 +345,7 @@ def map_criterion(W: np.ndarray, Xs: np.ndarray, Yt: np.ndarray, *, sample: int 
             "mutual_csls": mcsls, "nn_cos": float(S[:, 0].mean()), "criterion": float(frac * mcsls)}
 
 
-def _inv_sqrt_cov(Y: np.ndarray, power: float) -> np.ndarray:
+def inv_sqrt_cov(Y: np.ndarray, power: float) -> np.ndarray:
     """``C^{-power/2}`` of the covariance ``C`` (d, d) of rows ``Y`` (eigenvalues floored at 1e-8 · max); the identity
     for one row, which has no covariance (np.cov's NaN made eigh fail: a LinAlgError from one unpaired row)."""
     if Y.shape[0] < 2:
@@ -380,7 +381,7 @@ def bidirectional_polish(W: np.ndarray, Xs: np.ndarray, Yt: np.ndarray, *, round
     change of ``W``.
     """
     W = np.asarray(W, dtype=np.float64)
-    T = _inv_sqrt_cov(Yt, whiten) if whiten > 0 else np.eye(Yt.shape[1], dtype=np.float32)
+    T = inv_sqrt_cov(Yt, whiten) if whiten > 0 else np.eye(Yt.shape[1], dtype=np.float32)
     D = unit_rows(Yt @ T)
     seed_M = None
     if seed_pairs is not None and len(seed_pairs[0]):

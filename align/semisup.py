@@ -36,7 +36,7 @@ from .blocks import takes_executor
 from .frames import unit_rows
 from .knn import knn
 from .procrustes import procrustes_W
-from .refine import _inv_sqrt_cov
+from .refine import inv_sqrt_cov
 
 __all__ = ["sparse_sinkhorn", "sinkhorn_polish", "sinkhorn_refine_map"]
 
@@ -79,7 +79,7 @@ def sinkhorn_polish(W: np.ndarray, Xs: np.ndarray, Yt: np.ndarray, *, rounds: in
     through ``executor`` (:mod:`align.blocks`; default: the current one). Returns ``(W float64, history)``.
     """
     W = np.asarray(W, dtype=np.float64)
-    T = _inv_sqrt_cov(Yt, whiten) if whiten > 0 else np.eye(Yt.shape[1], dtype=np.float32)
+    T = inv_sqrt_cov(Yt, whiten) if whiten > 0 else np.eye(Yt.shape[1], dtype=np.float32)
     D = unit_rows(Yt @ T)
     n, m = Xs.shape[0], Yt.shape[0]
     seed_M = None

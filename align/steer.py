@@ -462,7 +462,7 @@ def steer_objective(theta: np.ndarray, base: np.ndarray, Qp: np.ndarray, C: np.n
 def _training_pairs(X: np.ndarray, labels: np.ndarray, *, max_pairs: int, n_candidates: int, n_neighbors: int,
                     rng: np.random.Generator):
     """Contexts, candidates, targets and steer values for :func:`fit_steer` (see module docstring)."""
-    from .knn import _knn
+    from .knn import knn_unchecked
 
     pos, neg = np.flatnonzero(labels == 1), np.flatnonzero(labels == -1)
     neu = np.flatnonzero(labels == 0)
@@ -473,7 +473,7 @@ def _training_pairs(X: np.ndarray, labels: np.ndarray, *, max_pairs: int, n_cand
     s = np.concatenate([np.ones(len(pos)), -np.ones(len(neg))])
     contexts = neu if len(neu) >= n_neighbors + 1 else np.arange(X.shape[0])
     kk = min(n_neighbors + 1, len(contexts))
-    _, I = _knn(X[targets], np.ascontiguousarray(X[contexts]), kk)
+    _, I = knn_unchecked(X[targets], np.ascontiguousarray(X[contexts]), kk)
     ctx_rows = contexts[I]                                   # (B, kk) row ids
     ok = ctx_rows != targets[:, None]                         # never the item itself
     pick = np.empty(len(targets), dtype=np.int64)

@@ -139,10 +139,10 @@ def calibrate(scores: np.ndarray, boost: np.ndarray, *, k: int, target: float = 
 def _neighbours(X: np.ndarray, qi: np.ndarray, n_neighbors: int) -> tuple[np.ndarray, np.ndarray]:
     """Scores (float64) and ids of the ``min(n_neighbors, n - 1)`` nearest rows of ``X`` to each row ``qi``,
     the query itself left out: (nq, K) each."""
-    from .knn import _knn
+    from .knn import knn_unchecked
 
     kk = min(n_neighbors + 1, X.shape[0])
-    D, I = _knn(np.ascontiguousarray(X[qi]), X, kk)
+    D, I = knn_unchecked(np.ascontiguousarray(X[qi]), X, kk)
     own = I == qi[:, None]                                     # drop the query itself when present
     keep = np.where(own.any(axis=1, keepdims=True), ~own, np.arange(kk)[None, :] < kk - 1)
     return D[keep].reshape(len(qi), kk - 1).astype(np.float64), I[keep].reshape(len(qi), kk - 1)
@@ -182,9 +182,9 @@ def _searched_overlap(X: np.ndarray, qi: np.ndarray, u: np.ndarray, b: np.ndarra
     Q = X[qi].astype(np.float64)
     Qs = (Q + (Q @ u)[:, None] * b[None, :]).astype(np.float32)
     k = base.shape[1]
-    from .knn import _knn
+    from .knn import knn_unchecked
 
-    _, I = _knn(np.ascontiguousarray(Qs), X, min(k + 1, X.shape[0]))
+    _, I = knn_unchecked(np.ascontiguousarray(Qs), X, min(k + 1, X.shape[0]))
     hits = [len(set(row[row != q][:k].tolist()) & set(b0.tolist())) for row, q, b0 in zip(I, qi, base)]
     return float(np.mean(hits) / k)
 

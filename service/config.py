@@ -288,12 +288,12 @@ class Settings(BaseSettings):
         ready, and every migration or collection search was a 503 naming the URL."""
         if url is None:
             return url
-        from .vectordb import _SCHEMES
+        from .vectordb import SCHEMES
 
         scheme, sep, _ = url.partition("://")
-        if not sep or scheme.lower() not in _SCHEMES:
+        if not sep or scheme.lower() not in SCHEMES:
             raise ValueError(f"unknown vector-database URL scheme {scheme[:20] if sep else 'none'!r} (the rest is not "
-                             f"shown): use one of {', '.join(s + '://' for s in _SCHEMES)}")
+                             f"shown): use one of {', '.join(s + '://' for s in SCHEMES)}")
         return url
 
     @model_validator(mode="after")

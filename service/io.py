@@ -156,7 +156,7 @@ def load_npy(path: Path, mmap_mode: str = "r") -> np.ndarray:
         raise FormatError(f"{path.name}: cannot read .npy ({exc})") from None
 
 
-def _fvecs_matrix(path: Path, *, check_rows: bool = True) -> np.ndarray:
+def fvecs_matrix(path: Path, *, check_rows: bool = True) -> np.ndarray:
     size = path.stat().st_size
     if size < 4 or size % 4:
         raise FormatError(f"{path.name}: empty or truncated .fvecs file ({size} bytes, not a multiple of 4)")
@@ -170,7 +170,7 @@ def _fvecs_matrix(path: Path, *, check_rows: bool = True) -> np.ndarray:
     return mat.view("<f4")[:, 1:]
 
 
-def _npz_array(path: Path, key: str | None) -> np.ndarray:
+def npz_array(path: Path, key: str | None) -> np.ndarray:
     """One array of a ``.npz``; its header is checked against the member's size before anything is decoded,
     so a corrupt archive, an object dtype or a shape larger than the data is a FormatError, never an allocation."""
     import zipfile
@@ -208,7 +208,7 @@ def _npz_array(path: Path, key: str | None) -> np.ndarray:
         raise FormatError(f"{path.name}: cannot read .npz ({type(exc).__name__}: {exc})") from None
 
 
-def _parquet_file(path: Path, column: str | None):
+def parquet_file(path: Path, column: str | None):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -232,7 +232,7 @@ def _parquet_file(path: Path, column: str | None):
 
 
 @contextmanager
-def _arrow_errors(path: Path):
+def arrow_errors(path: Path):
     """Turn pyarrow's decode errors (a corrupt page, a truncated file) into FormatError."""
     import pyarrow as pa
 
@@ -269,11 +269,11 @@ def count_rows(path, *, key: str | None = None, column: str | None = None, text_
     if suf == ".npy":
         return _n_rows(load_npy(path), path)
     if suf == ".fvecs":
-        return int(_fvecs_matrix(path).shape[0])
+        return int(fvecs_matrix(path).shape[0])
     if suf == ".npz":
-        return _n_rows(_npz_array(path, key), path)
+        return _n_rows(npz_array(path, key), path)
     if suf == ".parquet":
-        return int(_parquet_file(path, column)[0].metadata.num_rows)
+        return int(parquet_file(path, column)[0].metadata.num_rows)
     if suf in TEXT_SUFFIXES:
         return len(read_texts(path, text_field=text_field, check_text=False))  # counted, not read: not checked
     raise FormatError(f"{path.name}: unsupported format {suf or '(none)'}; use {', '.join(VECTOR_SUFFIXES + TEXT_SUFFIXES)}")
@@ -317,16 +317,16 @@ def read_vectors(path, *, rows=None, key: str | None = None, column: str | None 
     if suf == ".npy":
         M = load_npy(path, mmap_mode="c")
     elif suf == ".npz":
-        M = _npz_array(path, key)
+        M = npz_array(path, key)
     elif suf == ".fvecs":
-        M = _fvecs_matrix(path)
+        M = fvecs_matrix(path)
     elif suf == ".parquet":
-        f, col = _parquet_file(path, column)
+        f, col = parquet_file(path, column)
         n = f.metadata.num_rows
         sl = resolve_rows(rows, n, path)
         from .arrow_lists import arrow_lists_to_matrix
 
-        with _arrow_errors(path):
+        with arrow_errors(path):
             table = f.read(columns=[col])
             table = table.take(sl) if isinstance(sl, np.ndarray) else table.slice(sl.start, sl.stop - sl.start)
         return as_matrix(arrow_lists_to_matrix(table.column(col), path, sl if isinstance(sl, np.ndarray) else sl.start),
@@ -334,7 +334,7 @@ def read_vectors(path, *, rows=None, key: str | None = None, column: str | None 
     else:
         raise FormatError(f"{path.name}: unsupported format {suf or '(none)'}; "
                           f"use {', '.join(VECTOR_SUFFIXES + TEXT_SUFFIXES)}")
-    return _select_rows(M, resolve_rows(rows, M.shape[0], path) if M.ndim == 2 else None, path, finite=finite)
+    return select_rows(M, resolve_rows(rows, M.shape[0], path) if M.ndim == 2 else None, path, finite=finite)
 
 
 def _need_encoder(path: Path, encoder: str | None, option: str | None = "--encoder") -> None:
@@ -364,7 +364,7 @@ def _embed(path: Path, texts: list[str], encoder: str, kind: str, batch_size: in
     return as_matrix(X, name=path.name)
 
 
-def _select_rows(M: np.ndarray, sl: slice | None, path: Path, *, finite: bool = True) -> np.ndarray:
+def select_rows(M: np.ndarray, sl: slice | None, path: Path, *, finite: bool = True) -> np.ndarray:
     """Rows ``sl`` of a matrix ``M`` read from ``path`` as checked float32 (n, d); ``sl`` None: ``M`` is not 2-D.
 
     Any dtype but real numbers (``as_matrix``'s; booleans too) raises there, before a row is selected. A bool file
@@ -401,10 +401,10 @@ def iter_chunks(path, *, chunk_rows: int = 65536, rows=None, key: str | None = N
 
         from .arrow_lists import arrow_lists_to_matrix
 
-        f, col = _parquet_file(path, column)
+        f, col = parquet_file(path, column)
         sl = resolve_rows(rows, f.metadata.num_rows, path)
         pos = 0
-        with _arrow_errors(path):
+        with arrow_errors(path):
             # capped at the rows read: pyarrow takes a C long (--chunk-rows 99999999999999999999 was an OverflowError)
             for batch in f.iter_batches(batch_size=max(1, min(chunk_rows, sl.stop)), columns=[col]):
                 lo, hi = max(sl.start, pos), min(sl.stop, pos + batch.num_rows)
@@ -417,14 +417,14 @@ def iter_chunks(path, *, chunk_rows: int = 65536, rows=None, key: str | None = N
         return
     if suf in (".npy", ".fvecs") and not encoder:  # checked once (a .fvecs was re-read whole per chunk); each
         # chunk maps the file afresh, so the pages read are let go with it (one map held them all: RSS = file size)
-        M = load_npy(path, mmap_mode="c") if suf == ".npy" else _fvecs_matrix(path)
+        M = load_npy(path, mmap_mode="c") if suf == ".npy" else fvecs_matrix(path)
         if M.ndim != 2:
-            _select_rows(M, None, path)  # raises the ShapeError for a 0-d / 1-d / 3-d array
+            select_rows(M, None, path)  # raises the ShapeError for a 0-d / 1-d / 3-d array
         sl = resolve_rows(rows, M.shape[0], path)
         del M
         for s in range(sl.start, sl.stop, chunk_rows):
-            M = load_npy(path, mmap_mode="c") if suf == ".npy" else _fvecs_matrix(path, check_rows=False)
-            yield _select_rows(M, slice(s, min(s + chunk_rows, sl.stop)), path)
+            M = load_npy(path, mmap_mode="c") if suf == ".npy" else fvecs_matrix(path, check_rows=False)
+            yield select_rows(M, slice(s, min(s + chunk_rows, sl.stop)), path)
             del M
         return
     if suf in TEXT_SUFFIXES:  # read and parsed once (each chunk read the whole file again: time ~ size squared)

@@ -16,13 +16,13 @@ import numpy as np
 
 from .arrow_lists import arrow_lists_to_matrix
 from .io import (
-    _arrow_errors,
-    _fvecs_matrix,
-    _npz_array,
-    _parquet_file,
-    _select_rows,
+    arrow_errors,
+    fvecs_matrix,
     load_npy,
+    npz_array,
+    parquet_file,
     resolve_rows,
+    select_rows,
 )
 
 __all__ = ["RowGroups", "listed_chunks"]
@@ -47,7 +47,7 @@ class RowGroups:
         if g in self._held:
             self._held.move_to_end(g)
             return self._held[g]
-        with _arrow_errors(self._path):
+        with arrow_errors(self._path):
             t = self._f.read_row_group(g, columns=self._names)
         self.groups_read += 1
         self._held[g] = t
@@ -64,7 +64,7 @@ class RowGroups:
         parts = [self._group(int(k)).take(pa.array(idx[g == k] - self.starts[k])) for k in np.unique(g)]
         undo = np.empty_like(order)
         undo[order] = np.arange(order.size)
-        with _arrow_errors(self._path):
+        with arrow_errors(self._path):
             return pa.concat_tables(parts).take(pa.array(undo))
 
 
@@ -75,7 +75,7 @@ def listed_chunks(path: Path, rows: np.ndarray, chunk_rows: int, suf: str, *, ke
     from align.validation import as_matrix
 
     if suf == ".parquet":
-        f, col = _parquet_file(path, column)
+        f, col = parquet_file(path, column)
         resolve_rows(rows, f.metadata.num_rows, path)
         groups = RowGroups(f, path, [col])
         for s in range(0, rows.size, chunk_rows):
@@ -83,12 +83,12 @@ def listed_chunks(path: Path, rows: np.ndarray, chunk_rows: int, suf: str, *, ke
             yield as_matrix(arrow_lists_to_matrix(table.column(col), path, rows[s : s + chunk_rows]),
                             name=path.name, rows_at=rows[s : s + chunk_rows])
         return
-    M = load_npy(path, mmap_mode="c") if suf == ".npy" else _npz_array(path, key) if suf == ".npz" else \
-        _fvecs_matrix(path)  # a .fvecs's rows checked here, once
+    M = load_npy(path, mmap_mode="c") if suf == ".npy" else npz_array(path, key) if suf == ".npz" else \
+        fvecs_matrix(path)  # a .fvecs's rows checked here, once
     if M.ndim != 2:
-        _select_rows(M, None, path)  # raises the ShapeError for a 0-d / 1-d / 3-d array
+        select_rows(M, None, path)  # raises the ShapeError for a 0-d / 1-d / 3-d array
     resolve_rows(rows, M.shape[0], path)
     for s in range(0, rows.size, chunk_rows):
         if suf != ".npz":  # a map afresh per chunk, so the pages read go with it (as START:STOP's chunks)
-            M = load_npy(path, mmap_mode="c") if suf == ".npy" else _fvecs_matrix(path, check_rows=False)
-        yield _select_rows(M, rows[s : s + chunk_rows], path)
+            M = load_npy(path, mmap_mode="c") if suf == ".npy" else fvecs_matrix(path, check_rows=False)
+        yield select_rows(M, rows[s : s + chunk_rows], path)

@@ -17,8 +17,8 @@ import numpy as np
 from .io import (
     ChunkWriter,
     FormatError,
-    _arrow_errors,
-    _parquet_file,
+    arrow_errors,
+    parquet_file,
     parse_rows,
     resolve_rows,
 )
@@ -40,7 +40,7 @@ class MappedWriter:
         if inp.suffix.lower() == ".parquet":
             import pyarrow as pa
 
-            f, name = _parquet_file(inp, column)
+            f, name = parquet_file(inp, column)
             fields = f.schema_arrow
             others = [n for n in fields.names if n != name]
             if out.suffix.lower() == ".parquet":
@@ -96,7 +96,7 @@ def _batches(f, path: Path, names: list[str], sl: slice, batch_rows: int):
             yield from groups.take(sl[s : s + batch_rows]).to_batches()
         return
     pos = 0
-    with _arrow_errors(path):
+    with arrow_errors(path):
         for batch in f.iter_batches(batch_size=max(1, min(batch_rows, sl.stop)), columns=names):
             lo, hi = max(sl.start, pos), min(sl.stop, pos + batch.num_rows)
             if lo < hi:

@@ -118,6 +118,35 @@ def test_no_private_align_names_outside_align():
     assert bad == [], "\n".join(bad)
 
 
+def _private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def test_no_module_uses_another_modules_private_names():
+    """align and service modules used each other's underscore names (``Frame._fit``, ``knn._knn``,
+    ``migration._Problem``, ``io._parquet_file``...): what another module needs has a public spelling. Neither
+    ``from .x import _y`` nor ``Imported._y`` (a class or module bound by an import of align or service); a
+    package-private module (``align._artifacts``, ``service.cli._common``) is its package's, and ``x as _x`` is
+    a public name bound locally."""
+    bad = []
+    for path, mod in _sources("align", "service"):
+        ours: set[str] = set()  # names this module binds to align / service classes and modules
+        for line, target, names in _imports(path, mod):
+            if not (layer(target) and names):
+                continue
+            bad += [f"{path.relative_to(ROOT)}:{line} imports {target}.{n}" for n in names if _private(n)]
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.level or layer(node.module or "")):
+                ours.update(a.asname or a.name for a in node.names)
+            elif isinstance(node, ast.Import):
+                ours.update((a.asname or a.name).split(".")[0] for a in node.names if layer(a.name))
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (isinstance(node, ast.Attribute) and _private(node.attr) and isinstance(node.value, ast.Name)
+                    and node.value.id in ours):
+                bad.append(f"{path.relative_to(ROOT)}:{node.lineno} uses {node.value.id}.{node.attr}")
+    assert bad == [], "\n".join(bad)
+
+
 def test_align_calls_no_apply_but_its_own():
     """align's plan checks (``unpaired_share``, the curve's folds), metrics, fits and frames called ``._apply`` of
     maps and frames of other modules (a private method as a package protocol): they call the public

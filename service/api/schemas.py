@@ -114,6 +114,11 @@ class _Vectors(RequestModel):
     dim: DimCount | None = Field(None, description="Columns per row for `vectors_b64`.")
 
 
+#: the public spelling of :class:`_Vectors` for the other schema modules; the class keeps its name, which is the
+#: OpenAPI component (``#/components/schemas/_Vectors``) clients already read
+Vectors = _Vectors
+
+
 def vectors_schema() -> dict:
     return _Vectors.model_json_schema()
 
@@ -327,7 +332,7 @@ class EvaluateRequest(_Strict):
 # --- response bodies ----------------------------------------------------------------------------
 # Responses are written by FastJSONResponse (orjson, numpy-native); these models document them
 # (``response_model``) without FastAPI re-validating each body.
-class _Page(BaseModel):
+class Page(BaseModel):
     """A list route's answer: ``data`` (one page) and ``next`` (see :mod:`.pagination`)."""
 
     next: str | None = Field(None, description="Cursor of the next page (`?cursor=`); null on the last page.")
@@ -401,7 +406,7 @@ def record_model(name: str, record) -> type[BaseModel]:
 SpaceOut = record_model("SpaceOut", SpaceInfo)
 
 
-class SpaceList(_Page):
+class SpaceList(Page):
     data: list[SpaceOut]
 
 
@@ -413,7 +418,7 @@ class VersionDeleted(VersionOut):
                                  "version, else the best reliable one); null when none (left, or reliable).")
 
 
-class VersionList(_Page):
+class VersionList(Page):
     data: list[VersionOut]
 
 
@@ -438,7 +443,7 @@ class MapSummary(BaseModel):
         "reliable live version; null when none qualifies."))
 
 
-class MapList(_Page):
+class MapList(Page):
     data: list[MapSummary]
 
 
@@ -451,7 +456,7 @@ MapDetail = create_model(
 IndexOut = record_model("IndexOut", IndexInfo)
 
 
-class IndexList(_Page):
+class IndexList(Page):
     data: list[IndexOut]
 
 
@@ -506,7 +511,7 @@ class JobOut(BaseModel):
                                               "never reused; not the wall clock): the order of the list.")
 
 
-class JobList(_Page):
+class JobList(Page):
     data: list[JobOut]
     counts: dict[str, int] = Field(..., description="Jobs by state, counted in the durable job store shared by "
                                                     "every process of the data dir (not just the answering one).")
@@ -554,7 +559,7 @@ class SteerApplyResponse(BaseModel):
 SteerOut = record_model("SteerOut", SteerInfo)
 
 
-class SteerVersionList(_Page):
+class SteerVersionList(Page):
     data: list[SteerOut]
 
 
@@ -597,7 +602,7 @@ class SteerSummary(BaseModel):
         "unreliable; null when none (no live version, or only flagged ones: a bare NAME is then a 404)."))
 
 
-class SteerList(_Page):
+class SteerList(Page):
     data: list[SteerSummary]
 
 

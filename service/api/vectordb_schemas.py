@@ -8,15 +8,16 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictStr
 
 from ..limits import MAX_VERIFY_K
+from .body_models import StrictRequestModel as _Strict
 from .name_types import Name, Ref
 from .number_types import Flag, count
-from .schemas import Count, Dim, DimCount, MapPath, Real, Seed, _Page, _Strict, _Vectors
+from .schemas import Count, Dim, DimCount, MapPath, Page, Real, Seed, Vectors
 
 __all__ = ["CollectionSearchOptions", "CollectionSearchRequest", "CollectionSearchResponse", "KeepRows",
            "MigrationList", "MigrationRequest", "MigrationStatus", "VerificationRequest"]
 
 
-class KeepRows(_Vectors):
+class KeepRows(Vectors):
     model_config = ConfigDict(extra="forbid")
     ids: list[count(-2**63, 2**63 - 1) | Annotated[StrictStr, Field(min_length=1)]] = Field(
         ..., description="Ids of the rows re-embedded with the new model: integers, or strings (UUIDs, keys); one per "
@@ -88,7 +89,7 @@ class CollectionSearchOptions(_Strict):
     dim: DimCount | None = Dim
 
 
-class CollectionSearchRequest(CollectionSearchOptions, _Vectors):
+class CollectionSearchRequest(CollectionSearchOptions, Vectors):
     pass
 
 
@@ -149,5 +150,5 @@ class MigrationStatus(BaseModel):
     error: str | None = Field(None, description="Why the checkpoint could not be read (a damaged file).")
 
 
-class MigrationList(_Page):
+class MigrationList(Page):
     data: list[MigrationStatus]

@@ -33,7 +33,7 @@ import numpy as np
 from align.exceptions import InputError
 
 from ..logging import get_logger
-from .kinds import _id_map
+from .kinds import slot_ids
 
 __all__ = ["BLOCK_SCORES", "DeviceRows", "check_device", "device_in_use", "restore_device", "search_device",
            "use_device"]
@@ -138,7 +138,7 @@ class DeviceRows:
                 xb = faiss.rev_swig_ptr(flat.get_xb(), n * d).reshape(n, d) if n else np.zeros((0, d), np.float32)
                 # straight from FAISS's buffer to the device (no host copy of 1.5 GB); copy=True: never a view of it
                 self._rows = torch.from_numpy(xb).to(device, copy=True)
-                self._ids, self._key = _id_map(index).copy(), key
+                self._ids, self._key = slot_ids(index).copy(), key
             return self._rows, self._ids
 
     def search(self, index, version: int, Q: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray] | None:

@@ -205,7 +205,7 @@ def prep_rows(X: np.ndarray, metric: str, what: str = "vectors", why: str = NO_D
     return X
 
 
-def _id_map(index) -> np.ndarray:
+def slot_ids(index) -> np.ndarray:
     """The external id of each slot of an ``IndexIDMap2`` (ntotal,) int64: a view, valid while the index is
     not changed (the caller holds its lock)."""
     n = int(index.id_map.size())
@@ -223,7 +223,7 @@ def live_ids(index, kind: str, tombstones: set[int]) -> np.ndarray:
         parts = [faiss.rev_swig_ptr(inv.get_ids(i), inv.list_size(i)).copy()
                  for i in range(index.nlist) if inv.list_size(i)]
         return np.concatenate(parts) if parts else np.zeros(0, np.int64)
-    ids = _id_map(index).copy()
+    ids = slot_ids(index).copy()
     return np.delete(ids, _slots(tombstones)) if tombstones else ids
 
 
@@ -348,7 +348,7 @@ def plan_lists(index, blocks: Iterable[np.ndarray]) -> ListPlan:
 
 def live_slots(index, ids: np.ndarray, tombstones: set[int]) -> np.ndarray:
     """HNSW: the slots holding the live rows of ``ids`` (a deleted id added again also has dead slots)."""
-    id_map = _id_map(index)
+    id_map = slot_ids(index)
     live = np.isin(id_map, ids)
     live[_slots(tombstones)] = False
     return np.nonzero(live)[0]
@@ -363,7 +363,7 @@ def tombstone_slots(index, kind: str, meta: dict) -> set[int]:
     if kind != "hnsw":
         return set()
     if int(meta.get("format_version", 1)) < 2:
-        dead = np.nonzero(np.isin(_id_map(index), np.asarray(meta.get("tombstones", []), np.int64)))[0]
+        dead = np.nonzero(np.isin(slot_ids(index), np.asarray(meta.get("tombstones", []), np.int64)))[0]
     else:
         dead = np.asarray(meta.get("tombstone_slots", []), np.int64)
     if dead.size and not (0 <= dead.min() and dead.max() < index.ntotal):
@@ -376,7 +376,7 @@ def rebuild_hnsw(index, dim: int, params: dict, tombstones: set[int]):
     inner = faiss.downcast_index(index.index)
     storage = faiss.downcast_index(inner.storage)
     xb = faiss.rev_swig_ptr(storage.get_xb(), storage.ntotal * dim).reshape(-1, dim)
-    ids = _id_map(index)
+    ids = slot_ids(index)
     keep = np.ones(ids.shape, bool)
     keep[_slots(tombstones)] = False
     X, ids = np.ascontiguousarray(xb[keep]), ids[keep]
@@ -501,7 +501,7 @@ def search_kind(index, kind: str, params: dict, dead, Q: np.ndarray, k: int, exa
         S, I = (inner if kind == "flat" else faiss.downcast_index(inner.storage)).search(Q, k, params=sp)
     else:
         S, I = inner.search(Q, k, params=faiss.SearchParametersHNSW(efSearch=max(ef, k), sel=sel))
-    return S, np.where(I >= 0, _id_map(index)[np.maximum(I, 0)], -1)
+    return S, np.where(I >= 0, slot_ids(index)[np.maximum(I, 0)], -1)
 
 
 _HNSW_PARAMS: dict[int, Any] = {}

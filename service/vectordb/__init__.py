@@ -101,7 +101,7 @@ def check_store_url(url: str, *, api_key: str | None = None, ca_file=None) -> tu
     started, and answered every migration or search with a 422 InputError)."""
     scheme, sep, rest = str(url).partition("://")
     scheme = scheme.lower()
-    if not sep or scheme not in _SCHEMES:
+    if not sep or scheme not in SCHEMES:
         raise VectorDBError(f"unknown vector-database URL {safe_url(url)!r} (milvus://, milvus+https://, "
                             "postgresql://, qdrant://, qdrant+https://)")
     if scheme.startswith("postgres"):
@@ -129,7 +129,7 @@ def check_store_url(url: str, *, api_key: str | None = None, ca_file=None) -> tu
     return scheme, rest
 
 
-_SCHEMES = ("milvus", "milvus+https", "postgresql", "postgres", "qdrant", "qdrant+https")
+SCHEMES = ("milvus", "milvus+https", "postgresql", "postgres", "qdrant", "qdrant+https")
 #: the client libraries of each kind of store (the ``vectordb-clients`` extra)
 _CLIENTS = {"milvus": ("pymilvus",), "postgres": ("psycopg", "pgvector"), "qdrant": ("qdrant_client",)}
 

@@ -453,7 +453,7 @@ class VectorStore(ABC):
         self.close()
 
 
-def _pad_results(rows: list[list[tuple[int, float]]], k: int) -> tuple[np.ndarray, np.ndarray]:
+def pad_results(rows: list[list[tuple[int, float]]], k: int) -> tuple[np.ndarray, np.ndarray]:
     """Turn per-query ``[(id, score), ...]`` lists into padded ``S`` (nq, k) float32 and ``I`` (nq, k): int64, or
     an object array when some id is a string; missing slots are ``-inf`` / ``-1``."""
     S = np.full((len(rows), k), -np.inf, dtype=np.float32)

@@ -33,8 +33,8 @@ import numpy as np
 
 from align.exceptions import InputError
 
-from .base import (MISSING, Batch, VectorDBError, VectorDBUnavailableError, VectorStore, _pad_results, as_ids,
-                   check_ca_file, check_metric, check_name, close_quietly, id_key, none_if_all_none, rows_in_order,
+from .base import (MISSING, Batch, VectorDBError, VectorDBUnavailableError, VectorStore, as_ids, check_ca_file,
+                   check_metric, check_name, close_quietly, id_key, none_if_all_none, pad_results, rows_in_order,
                    safe_url)
 
 __all__ = ["MilvusStore"]
@@ -430,7 +430,7 @@ class MilvusStore(VectorStore):
                 # pymilvus >= 2.5 keys a hit by the primary key's name (2.4: "id")
                 out.append([(id_key(h[self.id_field] if self.id_field in h else h["id"]), float(h["distance"]))
                             for h in hits])
-        return _pad_results(out, k)
+        return pad_results(out, k)
 
     def finalize(self, name: str, *, like: str | None = None) -> None:
         self._require(name)

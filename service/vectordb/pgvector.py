@@ -40,7 +40,7 @@ from align.exceptions import InputError
 
 from ..urls import check_pg_userinfo
 from .base import (Batch, CollectionNotFoundError, UnsupportedFieldError, VectorDBError, VectorStore,
-                   _pad_results, as_ids, check_metric, check_name, close_quietly, id_key, pg_connect, rows_in_order)
+                   as_ids, check_metric, check_name, close_quietly, id_key, pad_results, pg_connect, rows_in_order)
 from .lost import lost_as_unavailable
 from .pg_json import JSON_ARRAY_OIDS, JSON_NULL, JSON_OIDS, JsonDict, JsonList, json_cursor, json_out
 from .pg_index import INDEX_WAIT_S, METRIC_OPS, build_index, search_operator
@@ -469,7 +469,7 @@ class PgVectorStore(VectorStore):
             for row in Q:
                 hits = cur.execute(q, (row, row, k)).fetchall()
                 out.append([(_id_out(i), float(s)) for i, s in hits])
-        return _pad_results(out, k)
+        return pad_results(out, k)
 
     def search_plan(self, name: str, q, k: int = 10) -> list[str]:
         """PostgreSQL's plan (``EXPLAIN``, no costs) of :meth:`search` of ``name`` for the query vector ``q``: its

@@ -30,8 +30,8 @@ import numpy as np
 from align.exceptions import InputError
 
 from .base import (MISSING, BadNameError, Batch, UnsupportedFieldError, VectorDBError, VectorDBUnavailableError,
-                   VectorStore, _pad_results, as_ids, id_key, check_metric, check_name, close_quietly, none_if_all_none,
-                   rows_in_order, safe_url, tls_context)
+                   VectorStore, as_ids, id_key, check_metric, check_name, close_quietly, none_if_all_none,
+                   pad_results, rows_in_order, safe_url, tls_context)
 
 __all__ = ["QdrantStore"]
 
@@ -359,7 +359,7 @@ class QdrantStore(VectorStore):
                     for q in Q[s : s + _SEARCH_BATCH]]
             for res in self.client.query_batch_points(name, requests=reqs):
                 out.append([(id_key(p.id), float(p.score)) for p in res.points])
-        return _pad_results(out, k)
+        return pad_results(out, k)
 
     def set_alias(self, alias: str, name: str) -> None:
         from qdrant_client import models

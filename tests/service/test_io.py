@@ -515,8 +515,8 @@ def test_streamed_parquet_rows_are_checked_by_file_and_fvecs_is_checked_once(tmp
             list(iter_chunks(tmp_path / "o.parquet", chunk_rows=100))
     p = write_vectors(tmp_path / "x.fvecs", X[:100].clip(-5, 5))
     calls = []
-    real = io._fvecs_matrix
-    monkeypatch.setattr(io, "_fvecs_matrix", lambda path, check_rows=True: calls.append(check_rows) or real(
+    real = io.fvecs_matrix
+    monkeypatch.setattr(io, "fvecs_matrix", lambda path, check_rows=True: calls.append(check_rows) or real(
         path, check_rows=check_rows))
     assert sum(c.shape[0] for c in iter_chunks(p, chunk_rows=10)) == 100
     assert calls.count(True) == 1, calls  # every row's header checked once, not once per chunk

@@ -32,6 +32,7 @@ from ...errors import PayloadTooLargeError
 from ...limits import MAX_NEW_TOKENS
 from ...ops import lm as ops
 from ...ops.lm import LM, lm_space
+from ..body_models import StrictRequestModel as _Strict
 from ..codec import check_batch, parse_json, validate
 from ..deps import JSONOnly, ReadScope, StateDep
 from ..gate import Gate
@@ -39,7 +40,7 @@ from ..job_routes import job_route
 from ..name_types import AliasName, Name
 from ..openapi import json_body
 from ..responses import FastJSONResponse
-from ..schemas import Count, Real, Seed, _Strict, error_responses
+from ..schemas import Count, Real, Seed, error_responses
 
 __all__ = [
     "MAX_NEW_TOKENS",
