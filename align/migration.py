@@ -54,7 +54,6 @@ where ``candidates`` were given). What it could never refine is an InputError: a
 
 from __future__ import annotations
 
-import functools
 import time
 
 import numpy as np
@@ -63,10 +62,11 @@ from .validation import (as_matrix, check_csls_weight, check_labelled_queries, c
                          check_random_state, check_rankable, check_same_queries, collapsed, distinct_pairs,
                          pair_groups, seed_record)
 from .chain import MapChain, check_map
-from .cluster import ClusterMap, ClusterResiduals, cluster_grid, route_centroids
-from .contrastive import ContrastiveConfig, fit_contrastive_W, mine_hard_negatives
+from .cluster import ClusterMap, cluster_grid
 from .exceptions import DimensionMismatchError, InputError, TooFewRowsError
-from .frames import Frame, frame_sum, unit_rows
+from .families import (Problem, cluster_candidate, cluster_parts, contrastive_candidate, contrastive_config,
+                       lowrank_candidate, procrustes_candidate, ridge_candidate)
+from .frames import unit_rows
 from .holdout import check_holdout as _check_holdout
 from .holdout import n_holdout as _n_holdout
 from .holdout import scored_by as _scored
@@ -74,7 +74,6 @@ from .holdout import split as _split
 from .maps import LinearMap
 from .metrics import query_sample, undefined_recall
 from .options import check_callable, check_migration_options, check_number
-from .procrustes import PairStats, lowrank_from_stats, procrustes_from_stats, ridge_from_stats
 from .retrieval import hubness, labelled_metrics, labelled_retrieval, pair_retrieval_scores, ratios
 
 __all__ = ["fit_migration", "check_options", "MIGRATION_METHODS", "AUTO_CANDIDATES", "LINEAR_CANDIDATES", "score_map",
@@ -84,7 +83,6 @@ MIGRATION_METHODS = ("auto", "procrustes", "ridge", "lowrank", "contrastive", "c
 AUTO_CANDIDATES = ("procrustes", "ridge", "lowrank", "contrastive", "cluster")
 LINEAR_CANDIDATES = ("procrustes", "ridge", "lowrank", "contrastive")  # those returning a LinearMap
 DEFAULT_ALPHAS = (1e-3, 1e-2, 0.1, 0.3)  # ridge α / K
-_N_DISTRACTORS = 4096
 _REFIT_CONTRASTIVE_BELOW = 4000  # pairs; above, the selection run's best epoch is kept (half the fit time)
 _OPTIONS = {"holdout", "candidates", "alphas", "alpha", "rank", "contrastive", "semi_supervised", "epochs",
             "temperature", "reg", "hard_negatives", "batch_size", "lr", "max_holdout", "sinkhorn",
@@ -197,155 +195,6 @@ def labelled_retention(map_, X_src, Y_tgt, queries, relevant, *, side: str = "ta
     return out
 
 
-def _frame_of(X: np.ndarray, U: np.ndarray | None) -> Frame:
-    """The frame (unit, centre, unit) of the rows of ``X`` (n, d) and ``U`` (m, d) together, from the sums of
-    each (:func:`frame_sum`, exact to add): no concatenated copy of both."""
-    if U is None:
-        return Frame.fit(X, validate=False)
-    return Frame.from_sum(X.shape[1], X.shape[0] + U.shape[0], frame_sum(X) + frame_sum(U))
-
-
-class Problem:
-    """Framed views of the pairs and unpaired rows, shared by every candidate fit.
-
-    Every family maps into the target's centred frame (unit → centre → unit), where shrinkage
-    (ridge) only changes norms, not directions; ``apply(output="raw")`` adds the mean back.
-    """
-
-    def __init__(self, X, Y, Us, Ut, frame_rows=None):
-        """``frame_rows``: the pairs the frames are fitted on (with the unpaired rows); ``None``: all of them."""
-        fx, fy = (X, Y) if frame_rows is None else (X[frame_rows], Y[frame_rows])
-        self.fs, self.ft = _frame_of(fx, Us), _frame_of(fy, Ut)
-        self.X, self.Y, self.Us, self.Ut = X, Y, Us, Ut
-        self.Xf = self.fs.apply(X, validate=False)
-        self.Yc = self.ft.apply(Y, validate=False)
-        self.T = unit_rows(Y)
-        self.Us_sample = self.Ut_sample = None
-        self.report = lambda stage, fraction: None  # fit_migration's progress(stage, fraction)
-        self.n_scored = 0  # maps scored on the held-out pairs (see _score)
-
-    @functools.cached_property
-    def Uf(self) -> np.ndarray | None:
-        """The unpaired source rows in the source frame (m, d_s), on first use: only the hard negatives and the
-        cluster routing read them, and the migration plan's corpus (millions of rows) never needs a copy."""
-        return None if self.Us is None else self.fs.apply(self.Us, validate=False)
-
-    @functools.cached_property
-    def Uc(self) -> np.ndarray | None:
-        """The unpaired target rows in the target frame, on first use (as :attr:`Uf`)."""
-        return None if self.Ut is None else self.ft.apply(self.Ut, validate=False)
-
-    def distractors(self, rng, n: int = _N_DISTRACTORS) -> None:
-        """Sample up to ``n`` unpaired rows per side to compete in held-out rankings."""
-        if self.Us is not None:
-            self.Us_sample = self.Us[np.sort(rng.permutation(self.Us.shape[0])[:n])]
-        if self.Ut is not None:
-            self.Ut_sample = unit_rows(self.Ut[np.sort(rng.permutation(self.Ut.shape[0])[:n])])
-
-    def linear(self, W, b, meta: dict) -> LinearMap:
-        return LinearMap(np.asarray(W, np.float32), None if b is None else np.asarray(b, np.float32),
-                         self.fs, self.ft, meta)
-
-    @staticmethod
-    def affine(map_: LinearMap) -> tuple[np.ndarray, np.ndarray]:
-        """``(W, b)`` float64 of a map (zero bias when it has none), for warm starts."""
-        W = map_.W.astype(np.float64)
-        return W, (np.zeros(W.shape[1]) if map_.bias is None else map_.bias.astype(np.float64))
-
-
-def _stats(A, B, idx) -> PairStats:
-    return PairStats.from_arrays(A[idx], B[idx])
-
-
-def procrustes_candidate(P: Problem, idx, opts) -> LinearMap:
-    W, _ = procrustes_from_stats(_stats(P.Xf, P.Yc, idx))
-    return P.linear(W, None, {"method": "procrustes", "family": "orthogonal", "objective": "least squares",
-                              "params": {}})
-
-
-def ridge_candidate(P: Problem, idx, alpha_rel: float) -> LinearMap:
-    W, b = ridge_from_stats(_stats(P.Xf, P.Yc, idx), alpha=alpha_rel * len(idx), fit_intercept=True)
-    return P.linear(W, b, {"method": "ridge", "family": "affine", "objective": "least squares",
-                           "params": {"alpha": alpha_rel}})
-
-
-def _lowrank(P: Problem, idx, rank: int, alpha_rel: float, base: LinearMap) -> LinearMap:
-    W0, b0 = P.affine(base)
-    R = P.Yc[idx] - (P.Xf[idx] @ W0 + b0)
-    stats = PairStats.from_arrays(P.Xf[idx], R)
-    rank = int(min(rank, *stats.xty.shape))
-    Wr, br = lowrank_from_stats(stats, rank=rank, alpha=alpha_rel * len(idx), fit_intercept=True)
-    return P.linear(W0 + Wr, b0 + br, {"method": "lowrank", "family": "orthogonal + low-rank residual",
-                          "objective": "least squares", "params": {"rank": rank, "alpha": alpha_rel}})
-
-
-def _contrastive_config(opts: dict) -> ContrastiveConfig:
-    cfg = dict(opts.get("contrastive") or {})
-    for key in ("epochs", "temperature", "reg", "hard_negatives", "batch_size", "lr"):
-        if key in opts:
-            cfg[key] = opts[key]
-    try:
-        config = ContrastiveConfig(**cfg)
-    except TypeError as exc:
-        raise InputError(f"bad contrastive option: {exc}") from None
-    for key, (lo, hi) in _CONTRASTIVE_RANGES.items():
-        value = getattr(config, key)
-        if key == "reg" and value is None:
-            continue
-        whole = key in ("epochs", "batch_size", "hard_negatives")
-        check_number(f"contrastive option {key}", value, lo, hi, whole=whole)
-    return config
-
-
-#: Legal ranges of the contrastive options (below a temperature of 1e-3 the softmax is a hard arg-max and the
-#: gradient scales with 1 / tau; 0.01-0.1 is the useful range).
-_CONTRASTIVE_RANGES = {"epochs": (1, 10_000), "temperature": (1e-3, 10.0), "batch_size": (2, 1 << 20),
-                       "lr": (1e-8, 10.0), "reg": (0.0, 1e6), "hard_negatives": (0, 64)}
-
-
-def _hard_negatives(P: Problem, idx, h: int):
-    """Hard negatives for the pairs ``idx``: near target rows (row term) and near source rows (column term).
-
-    Pools are the unpaired rows when given, else the training pairs themselves (own row excluded).
-    """
-    if h <= 0:
-        return None, None, None, None
-    pool_t, self_t = (P.Uc, False) if P.Uc is not None else (P.Yc[idx], True)
-    pool_x, self_x = (P.Uf, False) if P.Uf is not None else (P.Xf[idx], True)
-    hard_t = mine_hard_negatives(P.Yc[idx], pool_t, h, self_pool=self_t)
-    hard_x = mine_hard_negatives(P.Xf[idx], pool_x, h, self_pool=self_x)
-    return hard_x, pool_x, hard_t, pool_t
-
-
-def _contrastive(P: Problem, idx, cfg: ContrastiveConfig, warm: LinearMap, rng, callback=None) -> LinearMap:
-    W0, b0 = P.affine(warm)
-    hard_x, pool_x, hard_t, pool_t = _hard_negatives(P, idx, cfg.hard_negatives)
-    W, b, hist = fit_contrastive_W(P.Xf[idx], P.Yc[idx], W0, b0, config=cfg, hard_x=hard_x, pool_x=pool_x,
-                                   hard_t=hard_t, pool_t=pool_t, rng=rng, callback=callback)
-    params = {"temperature": cfg.temperature, "epochs": cfg.epochs, "batch_size": cfg.batch_size, "lr": cfg.lr,
-              "reg": cfg.resolved_reg(len(idx)), "hard_negatives": cfg.hard_negatives,
-              "warm_start": warm.metadata.get("method")}
-    return P.linear(W, b, {"method": "contrastive", "family": "affine", "objective": "symmetric InfoNCE",
-                          "params": params, "loss": [h["loss"] for h in hist]})
-
-
-def _cluster_parts(P: Problem, idx, k: int, base: LinearMap, rng) -> tuple[np.ndarray, ClusterResiduals]:
-    """Routing centroids (on the pairs ``idx`` plus the unpaired source rows) and the residual equations."""
-    F = P.Xf[idx] if P.Uf is None else np.concatenate([P.Xf[idx], P.Uf])
-    C = route_centroids(F, k, rng)
-    labels = (P.Xf[idx] @ C.T).argmax(axis=1)
-    return C, ClusterResiduals(P.Xf[idx], P.Yc[idx], labels, k, *P.affine(base))
-
-
-def _cluster_map(P: Problem, C, res: ClusterResiduals, lam: float, blend: int, tau: float, alpha: float) -> ClusterMap:
-    W, b = res.solve(lam)
-    params = {"n_clusters": int(C.shape[0]), "shrink": lam, "blend": int(blend), "temperature": tau,
-              "alpha": alpha, "pairs_per_cluster": res.counts.tolist()}
-    return ClusterMap(C, W, b, P.fs, P.ft, blend=blend, temperature=tau,
-                      metadata={"method": "cluster", "family": "per-cluster affine (blended)",
-                                "objective": "least squares, shrunk toward the global ridge map", "params": params})
-
-
 def _select_cluster(P: Problem, tr, val, ridge: LinearMap, alpha: float, opts: dict, rng) -> tuple[dict, dict]:
     """Best (n_clusters, λ) on the held-out pairs at the first (blend, τ), then the best (blend, τ) for it.
 
@@ -354,16 +203,16 @@ def _select_cluster(P: Problem, tr, val, ridge: LinearMap, alpha: float, opts: d
     counts, shrinks, blends, _ = cluster_grid(opts, len(tr), dims=(P.X.shape[1], P.Y.shape[1]))
     best = None
     for k in counts:
-        C, res = _cluster_parts(P, tr, k, ridge, rng)
+        C, res = cluster_parts(P, tr, k, ridge, rng)
         for lam in shrinks:
-            m = _cluster_map(P, C, res, lam, *blends[0], alpha)
+            m = cluster_candidate(P, C, res, lam, *blends[0], alpha)
             s = _score(P, m, val)
             if best is None or s["score"] > best[0]["score"]:
                 best = (s, m, C, res, {"n_clusters": k, "shrink": lam, "blend": blends[0][0],
                                        "temperature": blends[0][1], "alpha": alpha})
     s, m, C, res, setting = best
     for blend, tau in blends[1:]:
-        m2 = _cluster_map(P, C, res, setting["shrink"], blend, tau, alpha)
+        m2 = cluster_candidate(P, C, res, setting["shrink"], blend, tau, alpha)
         s2 = _score(P, m2, val)
         if s2["score"] > s["score"]:
             s, m, setting = s2, m2, {**setting, "blend": blend, "temperature": tau}
@@ -398,7 +247,7 @@ def check_options(method: str, options: dict, n_pairs: int | None = None,
     if "cluster" in candidates or method == "cluster":  # types and ranges (against the pairs: checked with them)
         cluster_grid(options, 1 << 62, dims=dims, required=only)
     if (method == "auto" and "contrastive" in candidates) or method == "contrastive":
-        _contrastive_config(options)
+        contrastive_config(options)
     if options.get("semi_supervised") and method not in ("auto", "procrustes"):  # ridge, lowrank: never refined
         raise InputError(f"semi_supervised refinement needs an orthogonal map (procrustes); it cannot follow "
                          f"method={method!r}")
@@ -461,14 +310,14 @@ def _select(P: Problem, tr, val, candidates, opts, rng) -> tuple[str, dict, dict
     if "lowrank" in candidates:
         t0 = time.perf_counter()
         rank = int(opts.get("rank", 32))
-        m = _lowrank(P, tr, rank, alpha, proc)
+        m = lowrank_candidate(P, tr, rank, alpha, proc)
         scores["lowrank"] = {**_score(P, m, val, retention=True), "rank": rank, "seconds": time.perf_counter() - t0}
         settings["lowrank"] = {"rank": rank, "alpha": alpha}
     if "contrastive" in candidates:
         t0 = time.perf_counter()
         warm_name = "ridge" if s_r["score"] >= scores["procrustes"]["score"] else "procrustes"
         warm = ridge if warm_name == "ridge" else proc
-        cfg = _contrastive_config(opts)
+        cfg = contrastive_config(opts)
         per_epoch: list = []
 
         kept: dict = {}
@@ -480,7 +329,7 @@ def _select(P: Problem, tr, val, candidates, opts, rng) -> tuple[str, dict, dict
             if per_epoch[-1]["score"] >= max(s["score"] for s in per_epoch):
                 kept["Wb"] = (W.astype(np.float64), b.astype(np.float64))
 
-        fitted = _contrastive(P, tr, cfg, warm, rng, callback=cb)
+        fitted = contrastive_candidate(P, tr, cfg, warm, rng, callback=cb)
         best_e = int(np.argmax([s["score"] for s in per_epoch]))
         fitted = P.linear(*kept["Wb"], fitted.metadata)
         fitted.metadata["params"]["epochs"] = best_e + 1
@@ -526,24 +375,24 @@ def _fit_final(P: Problem, name: str, setting: dict, opts: dict, rng) -> LinearM
         return ridge_candidate(P, idx, alpha)
     if name == "lowrank":
         rank = int(setting.get("rank", opts.get("rank", 32)))
-        return _lowrank(P, idx, rank, alpha, procrustes_candidate(P, idx, opts))
+        return lowrank_candidate(P, idx, rank, alpha, procrustes_candidate(P, idx, opts))
     if name == "cluster":
         if not setting:  # no selection (fewer than 20 pairs): fewest clusters, strong shrinkage, first blend
             counts, shrinks, blends, _ = cluster_grid(opts, len(idx), dims=(P.X.shape[1], P.Y.shape[1]))
             setting = {"n_clusters": counts[0], "shrink": shrinks[-1], "blend": blends[0][0], "temperature": blends[0][1]}
-        C, res = _cluster_parts(P, idx, int(setting["n_clusters"]), ridge_candidate(P, idx, alpha), rng)
-        return _cluster_map(P, C, res, float(setting["shrink"]), int(setting["blend"]), float(setting["temperature"]),
-                            alpha)
+        C, res = cluster_parts(P, idx, int(setting["n_clusters"]), ridge_candidate(P, idx, alpha), rng)
+        return cluster_candidate(P, C, res, float(setting["shrink"]), int(setting["blend"]),
+                                 float(setting["temperature"]), alpha)
     if setting.get("trained") is not None:  # many pairs: keep the best epoch of the selection run (80 % of the pairs)
         m = setting["trained"]
         m.metadata["params"]["refit_on_all_pairs"] = False
         return m
-    cfg = _contrastive_config(opts)
+    cfg = contrastive_config(opts)
     if "epochs" in setting:
         cfg.epochs = int(setting["epochs"])
     ridge_warm = setting.get("warm_start", "ridge") == "ridge"
     warm = ridge_candidate(P, idx, alpha) if ridge_warm else procrustes_candidate(P, idx, opts)
-    return _contrastive(P, idx, cfg, warm, rng,
+    return contrastive_candidate(P, idx, cfg, warm, rng,
                         callback=lambda epoch, W, b: P.report("final fit: contrastive", (epoch + 1) / cfg.epochs))
 
 

@@ -23,6 +23,7 @@ from .coverage import distinct_rows_to_embed, select_rows_to_embed
 from .validation import (as_matrix, check_labelled_queries, check_paired, check_random_state, check_rankable,
                          check_same_queries, pair_groups)
 from .exceptions import InputError, TooFewRowsError
+from .families import Problem, procrustes_candidate, ridge_candidate
 from .frames import Frame, unit_rows
 from .knn import knn, knn_blocks
 from .learning_curve import curve_fit, fit_learning_curve, forecast, forecast_per_k, kept_forecast
@@ -387,8 +388,6 @@ def plan_migration(X_old, probe_src, probe_tgt, *, random_state=0, target_retent
     with ``select_rows=False``, for callers such as a fit report that only want the forecast, and when the rows are
     every row of ``X_old``: ``rows_to_embed_all`` True, the rows ``0..n-1`` unlisted), ``notes``.
     """
-    from .migration import Problem, procrustes_candidate, ridge_candidate
-
     n_old, n_src, n_tgt = names
     Xo = as_matrix(X_old, name=n_old)
     check_callable("progress", progress)

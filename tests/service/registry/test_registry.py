@@ -1051,7 +1051,7 @@ def test_verify_reports_no_gap_for_a_version_committed_while_it_reads(pg_url, tm
     reg, other = (open_registry(pg_url, tmp_path / "artifacts") for _ in range(2))
     try:
         register(reg)
-        q, fired = registry_db._Tx.q, []
+        q, fired = registry_db.Tx.q, []
 
         def q_then_commit_elsewhere(self, sql, params=()):
             out = q(self, sql, params)
@@ -1060,7 +1060,7 @@ def test_verify_reports_no_gap_for_a_version_committed_while_it_reads(pg_url, tm
                 register(other, seed=1)
             return out
 
-        monkeypatch.setattr(registry_db._Tx, "q", q_then_commit_elsewhere)
+        monkeypatch.setattr(registry_db.Tx, "q", q_then_commit_elsewhere)
         res = reg.verify()
         monkeypatch.undo()
         assert fired and res["version_gaps"] == [] and res["ok"], res
