@@ -21,7 +21,7 @@ VERDICT_S = 30.0
 
 
 def artifacts_elsewhere(db, store, tables, sample: int = ARTIFACT_SAMPLE, *, max_age: float = 0.0,
-                        keep_foreign: bool = True) -> str | None:
+                        keep_foreign: bool = True, said: bool = False) -> str | None:
     """Why this artifact folder is not the registry's, or None: :data:`MIN_MISSING` (3) or more, and half or more, of
     the ``sample`` newest distinct files of live versions (of the version ``tables``: maps' and steers',
     :data:`~service.registry.entity.VERSION_TABLES`) are not in it (one ``stat`` each).
@@ -42,7 +42,8 @@ def artifacts_elsewhere(db, store, tables, sample: int = ARTIFACT_SAMPLE, *, max
     "not the registry's", single-flight) a sort of the versions' rows costs less than an index every write would
     keep. The warning is logged when the verdict turns to "not the registry's", not at every look while it stands.
     The folder's path goes to the log only: clients and /readyz (no key needed) are told "this data dir's artifact
-    folder"."""
+    folder". ``said``: the caller raises the verdict as its error (:func:`refuse_elsewhere`), so the warning names
+    the folder only (the CLI printed the long text twice, the warning's and the error's)."""
     seen = store.elsewhere_seen
     if (max_age and seen is not None and time.monotonic() - seen[0] < max_age
             and (keep_foreign or seen[1] is None)):
@@ -61,7 +62,11 @@ def artifacts_elsewhere(db, store, tables, sample: int = ARTIFACT_SAMPLE, *, max
                "on storage every replica mounts); if they do, files were lost: `vecbridge registry verify` lists them "
                "(`vecbridge registry delete` those versions, or restore their files, to write again)")
         if seen is None or seen[1] is None:  # once when the verdict turns, not at every probe while it stands
-            _log.warning("%s (this data dir's artifact folder: %s)", why, store.root)
+            if said:
+                _log.warning("refused: this data dir's artifact folder %s does not hold the registry's artifacts",
+                             store.root)
+            else:
+                _log.warning("%s (this data dir's artifact folder: %s)", why, store.root)
     store.elsewhere_seen = (time.monotonic(), why)
     return why
 
@@ -72,7 +77,7 @@ def refuse_elsewhere(db, store, tables, what: str) -> None:
     registration, an import) calls it before it stores anything. A fit from a replica with a data dir of its own
     wrote its artifact there, committed the version and moved the alias: every other replica answered that alias with
     a 500 "artifact missing" (QA s54). An empty registry, or one of one or two live versions, is never refused."""
-    why = artifacts_elsewhere(db, store, tables, keep_foreign=False)
+    why = artifacts_elsewhere(db, store, tables, keep_foreign=False, said=True)
     if why:
         raise ArtifactsElsewhereError(f"{what}: {why}")
 

@@ -82,7 +82,7 @@ def test_a_registration_into_another_folder_is_refused_before_anything_is_writte
         b.close()
 
 
-def test_a_cli_fit_from_another_data_dir_exits_2_naming_the_artifact_folder(tmp_path, capsys, monkeypatch):
+def test_a_cli_fit_from_another_data_dir_exits_2_naming_the_artifact_folder(tmp_path, capsys, caplog, monkeypatch):
     """``vecbridge fit ... --alias prod`` with only VECBRIDGE_REGISTRY_URL set, from another folder: it printed
     ``registered m:4`` and exited 0, the artifact in ./var/artifacts and prod moved to it. Exit 2 now, before the fit,
     naming --artifact-dir / VECBRIDGE_ARTIFACT_DIR; the registry unchanged."""
@@ -102,6 +102,12 @@ def test_a_cli_fit_from_another_data_dir_exits_2_naming_the_artifact_folder(tmp_
                                  "--quiet")
         assert code == 2 and "registered" not in out, (out, err)
         assert "was not fitted" in err and "--artifact-dir or VECBRIDGE_ARTIFACT_DIR" in err, err
+        # said once: the warning logged (to stderr) before the error line repeated its whole text; it names the
+        # folder only, which the error line never does
+        logged = [r.getMessage() for r in caplog.records if r.name.startswith("vecbridge")]
+        assert err.count("must share its artifact folder") == 1, err
+        assert not [m for m in logged if "must share its artifact folder" in m], logged
+        assert [m for m in logged if str(tmp_path / "var" / "artifacts") in m], logged
         assert [v.version for v in reg.list_versions("a->b")] == [1, 2, 3]
         assert reg.alias_version("a->b", "prod") == 3
     finally:
