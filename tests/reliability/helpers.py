@@ -22,7 +22,7 @@ import httpx
 import numpy as np
 
 from _jobs_support import wait_http_job as wait_job  # noqa: F401  (the reliability tests import it from here)
-from _servers import free_port, rss_kib, wait_ready
+from _servers import PORT_TRIES, PortTaken, free_port, rss_kib, wait_ready
 from align import fit_procrustes, fit_ridge
 from service.config import Settings
 
@@ -124,6 +124,17 @@ class Server:
         return env
 
     def start(self, timeout: float = 90.0) -> "Server":
+        """Start the server on a :func:`free_port` (another one, up to :data:`PORT_TRIES` in all, where another
+        process took it before the server bound it) and return once it is ready."""
+        for tries_left in range(PORT_TRIES - 1, -1, -1):
+            try:
+                return self._start(timeout)
+            except PortTaken:
+                if not tries_left:
+                    raise
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _start(self, timeout: float) -> "Server":
         self.port = free_port()
         if self.workers is None:
             cmd = ["vecbridge", "--data-dir", str(self.data_dir), "serve", "--host", "127.0.0.1", "--port",
@@ -131,12 +142,17 @@ class Server:
         else:
             cmd = [sys.executable, "-m", "uvicorn", "service.api:create_app", "--factory", "--host", "127.0.0.1",
                    "--port", str(self.port), "--workers", str(self.workers), "--log-level", "warning"]
+        if getattr(self, "_log", None):
+            self._log.close()  # a previous start's (a restart, or a start whose port was taken)
         self._log = open(self.log_path, "ab")
+        since = self._log.tell()  # this start's lines, after those of earlier starts
         self.proc = subprocess.Popen(cmd, env=self.env(), stdout=self._log, stderr=subprocess.STDOUT,
                                      start_new_session=True)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
+                if b"[Errno 98]" in self.log_path.read_bytes()[since:]:  # EADDRINUSE: taken since free_port looked
+                    raise PortTaken(f"port {self.port} was taken before the server bound it")
                 raise RuntimeError(f"server exited with {self.proc.returncode}: {self.log()[-2000:]}")
             try:
                 if httpx.get(self.url + "/readyz", timeout=2).status_code == 200:

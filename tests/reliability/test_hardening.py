@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -35,9 +36,9 @@ import time
 import httpx
 import numpy as np
 import pytest
+from _servers import start_on_free_port
 
-
-from .helpers import DIM, R, W, Server, populate_data_dir, wait_healthy
+from .helpers import DIM, R, W, Server, populate_data_dir
 
 STATUS_COUNTS: dict[int, int] = {}
 
@@ -377,8 +378,6 @@ def test_strict_numbers_and_shapes(server):
 def test_5xx_keeps_request_id_and_closes_the_connection(tmp_path):
     """An unexpected error (here: the registry's database file replaced by garbage) is a 500 with
     ``x-request-id`` and ``Connection: close`` on real HTTP."""
-    from .helpers import free_port
-
     d = tmp_path / "data"
     app_code = r"""
 import sys, uvicorn
@@ -397,12 +396,10 @@ def _boom_sync():
 app.include_router(boom)
 uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[2]), log_level="error")
 """
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, "-c", app_code, str(d), str(port)], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
+    proc, port = start_on_free_port(lambda port: ([sys.executable, "-c", app_code, str(d), str(port)],
+                                                  dict(os.environ)), tmp_path / "server.log")  # /healthz answers
     try:
         url = f"http://127.0.0.1:{port}"
-        wait_healthy(url, proc=proc)
         with httpx.Client(base_url=url, timeout=10) as c:
             for path in ("/boom", "/boom-sync"):
                 r = c.get(path, headers={"x-request-id": "rid-123"})

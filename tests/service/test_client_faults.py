@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 from _api_support import KEYS
 from _clients import both_clients
-from _servers import env_for, free_port, seed_registry, start, stop
+from _servers import env_for, free_port, seed_registry, start, start_on_free_port, stop
 
 from align.exceptions import InputError
 from service.client import (
@@ -330,10 +330,13 @@ def _live_server(tmp_path):
     """A real service (uvicorn, its own process) on a seeded registry: (data dir, port, command, process)."""
     data = tmp_path / "data"
     seed_registry(data)
-    port = free_port()
-    cmd = [sys.executable, "-m", "uvicorn", "--factory", "service.api:create_app", "--host", "127.0.0.1",
-           "--port", str(port), "--no-access-log"]
-    return data, port, cmd, start(cmd, env_for(data, port), port, tmp_path / "server.log")
+
+    def command(port: int) -> list[str]:
+        return [sys.executable, "-m", "uvicorn", "--factory", "service.api:create_app", "--host", "127.0.0.1",
+                "--port", str(port), "--no-access-log"]
+
+    proc, port = start_on_free_port(lambda port: (command(port), env_for(data, port)), tmp_path / "server.log")
+    return data, port, command(port), proc
 
 
 def test_a_fit_that_timed_out_names_its_key_to_send_it_again_with(tmp_path):

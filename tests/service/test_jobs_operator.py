@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 from _api_support import R, W, planted, walk_pages
-from _servers import env_for, free_port, read_line, seed_registry, start, stop
+from _servers import env_for, read_line, seed_registry, start, start_on_free_port, stop
 
 HOLD_LOCK = textwrap.dedent("""
     import sqlite3, sys, time
@@ -30,8 +30,8 @@ def server(tmp_path):
     """A real single-process server over a data dir whose registry holds spaces a and b; ``(url, data_dir)``."""
     data = tmp_path / "data"
     seed_registry(data)
-    port = free_port()
-    proc = start([sys.executable, "-m", "service.cli", "serve"], env_for(data, port), port, tmp_path / "server.log")
+    proc, port = start_on_free_port(lambda port: ([sys.executable, "-m", "service.cli", "serve"], env_for(data, port)),
+                                    tmp_path / "server.log")
     try:
         yield f"http://127.0.0.1:{port}", data
     finally:
@@ -175,9 +175,8 @@ def test_the_finished_jobs_a_data_dir_keeps_is_a_setting(tmp_path):
         assert store.insert(Job(id=f"{i:04d}" + "0" * 28, kind="fit", state="succeeded", stage="done", fraction=1.0,
                                 created_at=t0 + i, started_at=t0 + i, finished_at=t0 + i + 1)) is None
     store.close()
-    port = free_port()
-    env = {**env_for(data, port), "VECBRIDGE_JOB_HISTORY": "120"}
-    proc = start([sys.executable, "-m", "service.cli", "serve"], env, port, tmp_path / "server.log")
+    proc, port = start_on_free_port(lambda port: ([sys.executable, "-m", "service.cli", "serve"], {
+        **env_for(data, port), "VECBRIDGE_JOB_HISTORY": "120"}), tmp_path / "server.log")
     try:
         page = httpx.get(f"http://127.0.0.1:{port}/v1/jobs", headers=R, params={"limit": 1000}, timeout=60).json()
     finally:
@@ -196,8 +195,8 @@ def test_a_server_stopped_mid_job_records_the_job_interrupted(tmp_path):
 
     data = tmp_path / "data"
     seed_registry(data)
-    port = free_port()
-    proc = start([sys.executable, "-m", "service.cli", "serve"], env_for(data, port), port, tmp_path / "server.log")
+    proc, port = start_on_free_port(lambda port: ([sys.executable, "-m", "service.cli", "serve"], env_for(data, port)),
+                                    tmp_path / "server.log")
     url = f"http://127.0.0.1:{port}"
     try:
         rng = np.random.default_rng(0)
@@ -373,9 +372,8 @@ def test_workers_stop_and_record_their_jobs_interrupted_when_the_serve_parent_is
 
     data = tmp_path / "data"
     seed_registry(data)
-    port = free_port()
-    env = env_for(data, port)
-    proc = start([sys.executable, "-m", "service.cli", "serve", "--workers", "2"], env, port, tmp_path / "server.log")
+    proc, port = start_on_free_port(lambda port: ([sys.executable, "-m", "service.cli", "serve", "--workers", "2"],
+                                                  env_for(data, port)), tmp_path / "server.log")
     url = f"http://127.0.0.1:{port}"
     children: list[int] = []
     try:
@@ -397,7 +395,8 @@ def test_workers_stop_and_record_their_jobs_interrupted_when_the_serve_parent_is
         with sqlite3.connect(data / "jobs.sqlite") as c:
             state, error = c.execute("SELECT state, error FROM jobs WHERE id = ?", (jid,)).fetchone()
         assert state == "failed" and "Interrupted" in error, (state, error)
-        again = start([sys.executable, "-m", "service.cli", "serve"], env, port, tmp_path / "server2.log")
+        again = start([sys.executable, "-m", "service.cli", "serve"], env_for(data, port), port,  # the same port
+                      tmp_path / "server2.log")
         try:
             assert again.poll() is None  # it holds the port: not "address already in use"
             assert httpx.get(f"{url}/v1/jobs/{jid}", headers=R, timeout=60).json()["state"] == "failed"

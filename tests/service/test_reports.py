@@ -308,21 +308,21 @@ def test_the_cli_and_the_service_keep_reports_in_one_folder_beside_a_shared_arti
 
     import httpx
     from _api_support import W
-    from _servers import ROOT, env_for, free_port, start, stop
+    from _servers import ROOT, env_for, free_port, start_on_free_port, stop
 
     data, art = tmp_path / "data", tmp_path / "volume" / "artifacts"
     X, Y = _planted_pairs(300, d_s=16, d_t=16)
     np.save(tmp_path / "x.npy", X.astype(np.float32))
     np.save(tmp_path / "y.npy", Y.astype(np.float32))
-    port = free_port()
-    env = {**env_for(data, port), "VECBRIDGE_ARTIFACT_DIR": str(art)}
+    env = {**env_for(data, free_port()), "VECBRIDGE_ARTIFACT_DIR": str(art)}
     fit = subprocess.run([sys.executable, "-m", "service.cli", "fit", "--source", str(tmp_path / "x.npy"),
                           "--target", str(tmp_path / "y.npy"), "--source-space", "a", "--target-space", "b",
                           "--name", "a2b", "--method", "procrustes", "--quiet", "--json"], cwd=ROOT, env=env,
                          capture_output=True, text=True, check=False)
     assert fit.returncode == 0, fit.stderr
     assert json.loads(fit.stdout)["report_file"].startswith(str(art / "reports")), fit.stdout
-    server = start([sys.executable, "-m", "service.cli", "serve"], env, port, tmp_path / "server.log")
+    server, port = start_on_free_port(lambda port: ([sys.executable, "-m", "service.cli", "serve"],
+                                                    {**env, "VECBRIDGE_PORT": str(port)}), tmp_path / "server.log")
     try:
         url = f"http://127.0.0.1:{port}"
         r = httpx.get(f"{url}/v1/maps/a2b/versions/1/report", headers=W, timeout=30)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from _servers import ROOT, env_for, free_port, seed_registry, start, stop
+from _servers import ROOT, env_for, seed_registry, start, start_on_free_port, stop
 from conftest import logged, run_cli
 
 from service.config import ConfigError, load_settings
@@ -53,11 +53,10 @@ def test_keys_rotate_in_every_worker_without_a_restart(tmp_path):
     seed_registry(data)
     keys.parent.mkdir()
     write_keys(keys, {OLD: ["read", "write"]})
-    port = free_port()
-    env = {k: v for k, v in env_for(data, port).items() if k != "VECBRIDGE_API_KEYS"}
-    env["VECBRIDGE_API_KEYS_FILE"] = str(keys)
     log = tmp_path / "serve.log"
-    proc = start([sys.executable, "-m", "service.cli", "serve", "--workers", "2"], env, port, log)
+    proc, port = start_on_free_port(lambda port: ([sys.executable, "-m", "service.cli", "serve", "--workers", "2"], {
+        **{k: v for k, v in env_for(data, port).items() if k != "VECBRIDGE_API_KEYS"},
+        "VECBRIDGE_API_KEYS_FILE": str(keys)}), log)
     url = f"http://127.0.0.1:{port}"
     try:
         wait_for(url, OLD, 200)

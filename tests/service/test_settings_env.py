@@ -15,7 +15,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from _servers import free_port, stop, wait_ready
+from _servers import free_port, start_on_free_port, stop
 
 from service.config import ConfigError, Settings, load_settings, unknown_variables
 
@@ -254,14 +254,16 @@ def test_the_container_command_serves_and_its_healthcheck_passes_on_a_changed_po
     # the HEALTHCHECK probed port 8000 whatever VECBRIDGE_PORT said: `docker run -e VECBRIDGE_PORT=9000` was
     # "unhealthy" for ever
     cmd, health, image_env = _dockerfile()
-    port = free_port()
-    env = _clean_env(**{k: v for k, v in image_env.items() if k.startswith("VECBRIDGE_")})
-    env.update(VECBRIDGE_DATA_DIR=str(tmp_path), VECBRIDGE_PORT=str(port), VECBRIDGE_HOST="127.0.0.1",
-               VECBRIDGE_API_KEYS=json.dumps({SECRET: ["read"]}), VECBRIDGE_DEMO_ON_EMPTY="false")
-    with open(tmp_path / "log", "w") as log:
-        proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=log)
+
+    def env_at(port: int) -> dict:
+        env = _clean_env(**{k: v for k, v in image_env.items() if k.startswith("VECBRIDGE_")})
+        env.update(VECBRIDGE_DATA_DIR=str(tmp_path), VECBRIDGE_PORT=str(port), VECBRIDGE_HOST="127.0.0.1",
+                   VECBRIDGE_API_KEYS=json.dumps({SECRET: ["read"]}), VECBRIDGE_DEMO_ON_EMPTY="false")
+        return env
+
+    proc, port = start_on_free_port(lambda port: (cmd, env_at(port)), tmp_path / "log")  # once /healthz answers
+    env = env_at(port)
     try:
-        wait_ready(f"http://127.0.0.1:{port}", proc=proc, path="/healthz", log=tmp_path / "log")
         assert httpx.get(f"http://127.0.0.1:{port}/v1/info", headers={"Authorization": f"Bearer {SECRET}"},
                          timeout=30).status_code == 200
         assert _serve(health, env, timeout=30).returncode == 0

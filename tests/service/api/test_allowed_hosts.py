@@ -11,7 +11,7 @@ import sys
 import httpx
 import pytest
 from _api_support import W, settings_for
-from _servers import env_for, free_port, serve_in_thread, start, stop
+from _servers import env_for, serve_in_thread, start_on_free_port, stop
 from pydantic import ValidationError
 
 from service.api import create_app
@@ -119,11 +119,11 @@ def test_allowed_hosts_with_keys(tmp_path):
 
 
 def test_serve_says_which_hosts_it_answers(tmp_path):
-    port = free_port()
-    env = env_for(tmp_path / "d", port)
-    env.update({"VECBRIDGE_API_KEYS": "{}", "VECBRIDGE_AUTH_DISABLED": "true", "VECBRIDGE_HOST": "0.0.0.0"})
     log = tmp_path / "serve.log"
-    proc = start([sys.executable, "-c", "from service.cli import main; main()", "serve"], env, port, log)
+    cmd = [sys.executable, "-c", "from service.cli import main; main()", "serve"]
+    proc, port = start_on_free_port(lambda port: (cmd, {
+        **env_for(tmp_path / "d", port), "VECBRIDGE_API_KEYS": "{}", "VECBRIDGE_AUTH_DISABLED": "true",
+        "VECBRIDGE_HOST": "0.0.0.0"}), log)
     try:
         with httpx.Client(timeout=30) as c:
             assert c.get(f"http://127.0.0.1:{port}/v1/maps").status_code == 200

@@ -18,7 +18,7 @@ import httpx
 import numpy as np
 import pytest
 from _api_support import W, settings_for
-from _servers import env_for, free_port, serve_in_thread, start, stop
+from _servers import env_for, serve_in_thread, start_on_free_port, stop
 
 from align import Steer, fit_procrustes, map_from_bytes
 from service.client import Client, ConflictError, PreconditionFailedError
@@ -303,11 +303,11 @@ def _replicas(tmp_path, url: str):
     procs, urls = [], []
     try:
         for i in range(2):
-            port = free_port()
-            env = {**env_for(data, port), "VECBRIDGE_REGISTRY_URL": url}
-            cmd = [sys.executable, "-m", "uvicorn", "--factory", "service.api:create_app", "--host", "127.0.0.1",
-                   "--port", str(port), "--no-access-log"]
-            procs.append(start(cmd, env, port, tmp_path / f"r{i}.log"))
+            proc, port = start_on_free_port(lambda port: (
+                [sys.executable, "-m", "uvicorn", "--factory", "service.api:create_app", "--host", "127.0.0.1",
+                 "--port", str(port), "--no-access-log"], {**env_for(data, port), "VECBRIDGE_REGISTRY_URL": url}),
+                tmp_path / f"r{i}.log")
+            procs.append(proc)
             urls.append(f"http://127.0.0.1:{port}")
         yield urls
     finally:

@@ -12,7 +12,7 @@ import time
 import httpx
 import pytest
 from _api_support import R
-from _servers import ROOT, env_for, free_port, seed_registry, start, stop
+from _servers import ROOT, env_for, free_port, seed_registry, start, start_on_free_port, stop
 
 pytest.importorskip("sentence_transformers")
 
@@ -24,10 +24,9 @@ def test_serve_preloads_an_encoder_before_it_is_ready(tmp_path):
     the encoder while it waited. Now /readyz says which encoders are still loading until each has embedded a text."""
     data = tmp_path / "data"
     seed_registry(data)
-    port = free_port()
+    proc, port = start_on_free_port(lambda port: ([sys.executable, "-m", "service.cli", "serve", "--preload-encoder",
+                                                   "minilm"], env_for(data, port)), tmp_path / "server.log")
     url = f"http://127.0.0.1:{port}"
-    proc = start([sys.executable, "-m", "service.cli", "serve", "--preload-encoder", "minilm"],
-                 env_for(data, port), port, tmp_path / "server.log")
     try:
         ready = f'vecbridge_encoder_ready{{encoder="{MINILM}"}}'
         assert f"{ready} 0.0" in httpx.get(url + "/metrics", headers=R, timeout=10).text  # loading: pageable

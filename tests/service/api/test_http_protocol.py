@@ -16,7 +16,7 @@ import time
 import numpy as np
 import pytest
 from _api_support import W
-from _servers import env_for, free_port, seed_registry, start, stop
+from _servers import env_for, seed_registry, start, start_on_free_port, stop
 
 KEY = b"Authorization: " + W["Authorization"].encode()
 
@@ -25,8 +25,8 @@ KEY = b"Authorization: " + W["Authorization"].encode()
 def port(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("wire")
     seed_registry(tmp / "data")
-    p = free_port()
-    proc = start([sys.executable, "-m", "service.cli", "serve"], env_for(tmp / "data", p), p, tmp / "server.log")
+    proc, p = start_on_free_port(lambda p: ([sys.executable, "-m", "service.cli", "serve"], env_for(tmp / "data", p)),
+                                 tmp / "server.log")
     try:
         yield p
     finally:
@@ -67,9 +67,8 @@ def test_an_idle_kept_alive_connection_outlasts_a_proxys_idle_timeout(port, tmp_
     (60 s idle) reused it and got a reset, a sporadic 502 (nginx does not retry a POST). Now it stays open
     ``keep_alive_timeout_s`` (75 s), one process or ``--workers 2``."""
     seed_registry(tmp_path / "data")
-    p2 = free_port()
-    workers = start([sys.executable, "-m", "service.cli", "serve", "--workers", "2"], env_for(tmp_path / "data", p2),
-                    p2, tmp_path / "server.log")
+    workers, p2 = start_on_free_port(lambda p2: ([sys.executable, "-m", "service.cli", "serve", "--workers", "2"],
+                                                 env_for(tmp_path / "data", p2)), tmp_path / "server.log")
     try:
         conns = [_connect(p) for p in (port, p2)]
         for s in conns:
@@ -292,8 +291,8 @@ def test_a_lingering_connection_is_bounded_in_time_and_bytes_and_by_the_shutdown
     from service.api.protocol import LINGER_BYTES, LINGER_S
 
     seed_registry(tmp_path / "data")
-    p = free_port()
-    proc = start([sys.executable, "-m", "service.cli", "serve"], env_for(tmp_path / "data", p), p, tmp_path / "log")
+    proc, p = start_on_free_port(lambda p: ([sys.executable, "-m", "service.cli", "serve"],
+                                            env_for(tmp_path / "data", p)), tmp_path / "log")
     try:
         endless = (b"POST /v1/spaces HTTP/1.1\r\nHost: 127.0.0.1\r\n" + KEY + b"\r\nContent-Type: application/json"
                    b"\r\nContent-Length: 100000000000\r\n\r\n")

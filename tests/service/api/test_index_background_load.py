@@ -13,7 +13,6 @@ from __future__ import annotations
 import errno
 import json
 import os
-import subprocess
 import sys
 import threading
 import time
@@ -22,7 +21,7 @@ from contextlib import contextmanager
 import httpx
 import numpy as np
 from _api_support import R
-from _servers import ROOT, env_for, free_port, seed_registry, stop, wait_ready
+from _servers import env_for, seed_registry, start_on_free_port, stop
 
 from service.indexes import IndexStore
 
@@ -97,15 +96,11 @@ def _server_with_slow_index(tmp_path, more=None):
             os.close(fd)
         released.append(True)
 
-    port = free_port()
+    proc, port = start_on_free_port(lambda port: (
+        [sys.executable, "-m", "uvicorn", "--factory", "service.api:create_app", "--host", "127.0.0.1", "--port",
+         str(port), "--no-access-log"], env_for(data, port)), tmp_path / "server.log")  # back once /healthz answers
     url = f"http://127.0.0.1:{port}"
-    log = tmp_path / "server.log"
-    with open(log, "wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "uvicorn", "--factory", "service.api:create_app", "--host",
-                                 "127.0.0.1", "--port", str(port), "--no-access-log"],
-                                cwd=ROOT, env=env_for(data, port), stdout=out, stderr=subprocess.STDOUT)
     try:
-        wait_ready(url, proc=proc, path="/healthz", timeout=30, log=log)
         yield url, X, Y, release, proc.pid
     finally:
         if not released and proc.poll() is None:

@@ -21,8 +21,8 @@ pytest.importorskip("transformers")
 vader = pytest.importorskip("vaderSentiment.vaderSentiment")
 
 from _api_support import R, W  # noqa: E402
-from _servers import free_port, stop  # noqa: E402
-from _servers import env_for, start  # noqa: E402
+from _servers import start_on_free_port, stop  # noqa: E402
+from _servers import env_for  # noqa: E402
 
 PROMPTS = ["The book", "The city", "The movie", "The pizza", "The road", "The lake", "The last time", "The horse"]
 
@@ -42,11 +42,11 @@ def test_lm_steer_over_http_moves_the_classifier(request, tmp_path):
     texts, labels, _ = sentiment_sentences(folder, threshold=2.0, sources=("movieReviewSnippets",), max_words=25)
     pos = [t for t, y in zip(texts, labels) if y > 0][:60]
     neg = [t for t, y in zip(texts, labels) if y < 0][:60]
-    port = free_port()
-    env = {**env_for(tmp_path / "data", port), "OMP_NUM_THREADS": "2", "HF_HUB_OFFLINE": "1",
-           "TRANSFORMERS_OFFLINE": "1"}
-    proc = start([sys.executable, "-m", "uvicorn", "--factory", "service.api:create_app", "--host", "127.0.0.1",
-                  "--port", str(port), "--no-access-log"], env, port, tmp_path / "server.log")
+    proc, port = start_on_free_port(lambda port: (
+        [sys.executable, "-m", "uvicorn", "--factory", "service.api:create_app", "--host", "127.0.0.1",
+         "--port", str(port), "--no-access-log"],
+        {**env_for(tmp_path / "data", port), "OMP_NUM_THREADS": "2", "HF_HUB_OFFLINE": "1",
+         "TRANSFORMERS_OFFLINE": "1"}), tmp_path / "server.log")
     try:
         with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=600.0) as c:
             r = c.post("/v1/lm/steers", headers=W, json={"name": "tone", "texts": pos + neg,

@@ -19,7 +19,7 @@ import httpx
 import numpy as np
 import pytest
 from _api_support import R, W
-from _servers import env_for, free_port, read_line, seed_registry, start, stop
+from _servers import env_for, read_line, seed_registry, start, start_on_free_port, stop
 from prometheus_client.parser import text_string_to_metric_families
 
 SCRAPES = 24
@@ -41,10 +41,14 @@ def server(request, tmp_path_factory):
     tmp = tmp_path_factory.mktemp(f"metrics-{request.param}")
     data = tmp / "data"
     seed_registry(data)
-    port = free_port()
-    env = {k: v for k, v in env_for(data, port).items() if k != "PROMETHEUS_MULTIPROC_DIR"}
-    proc = start([sys.executable, "-m", "service.cli", "serve", "--workers", str(request.param)], env, port,
-                 tmp / "server.log")
+
+    def env_at(port: int) -> dict:
+        return {k: v for k, v in env_for(data, port).items() if k != "PROMETHEUS_MULTIPROC_DIR"}
+
+    proc, port = start_on_free_port(lambda port: (
+        [sys.executable, "-m", "service.cli", "serve", "--workers", str(request.param)], env_at(port)),
+        tmp / "server.log")
+    env = env_at(port)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:  # every worker up: a few readyz over fresh connections

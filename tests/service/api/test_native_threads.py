@@ -11,7 +11,7 @@ import httpx
 from fastapi.testclient import TestClient
 
 from _api_support import R
-from _servers import ROOT, env_for, free_port, start, stop
+from _servers import ROOT, env_for, start, start_on_free_port, stop
 from service.api.app import create_app
 from service.config import Settings
 
@@ -20,15 +20,19 @@ _DEFAULTS = ("import json, numpy, faiss; from service.threads import native_thre
 
 
 def _serve_info(tmp_path, setting: str | None, extra_env: dict | None = None) -> tuple[dict, dict, dict]:
-    port = free_port()
-    env = env_for(tmp_path / "data", port)
-    for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
-        env.pop(var, None)  # the libraries' own defaults, as a plain `vecbridge serve` gets them
-    if setting is not None:
-        env["VECBRIDGE_BLAS_THREADS"] = setting
-    env.update(extra_env or {})
-    proc = start([sys.executable, "-c", "from service.cli import main; main()", "serve", "--port", str(port)],
-                 env, port, tmp_path / f"serve-{setting}.log")
+    def env_at(port: int) -> dict:
+        env = env_for(tmp_path / "data", port)
+        for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+            env.pop(var, None)  # the libraries' own defaults, as a plain `vecbridge serve` gets them
+        if setting is not None:
+            env["VECBRIDGE_BLAS_THREADS"] = setting
+        env.update(extra_env or {})
+        return env
+
+    proc, port = start_on_free_port(lambda port: (
+        [sys.executable, "-c", "from service.cli import main; main()", "serve", "--port", str(port)], env_at(port)),
+        tmp_path / f"serve-{setting}.log")
+    env = env_at(port)
     try:
         info = httpx.get(f"http://127.0.0.1:{port}/v1/info", headers=R, timeout=30).json()
     finally:

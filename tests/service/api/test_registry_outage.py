@@ -16,7 +16,7 @@ from urllib.parse import urlsplit
 import httpx
 import pytest
 from _api_support import R, W
-from _servers import damage_page, env_for, free_port, seed_registry, start, stop
+from _servers import damage_page, env_for, free_port, seed_registry, start, start_on_free_port, stop
 from conftest import logged
 
 pytest.importorskip("psycopg")
@@ -65,10 +65,10 @@ def _readyz(url: str) -> httpx.Response:
 
 def test_a_registry_down_at_start_up_leaves_the_service_up_and_saying_why(tmp_path):
     # the lifespan raised: exit 3 with a traceback, no /healthz, and nothing recovered once the database was back
-    port, db_port = free_port(), free_port()  # nothing listens on db_port
-    env = env_for(tmp_path / "data", port)
-    env["VECBRIDGE_REGISTRY_URL"] = f"postgresql://vb:pw-8c1e@127.0.0.1:{db_port}/vb"
-    proc = start([sys.executable, "-m", "service.cli", "serve"], env, port, tmp_path / "server.log")
+    db_port = free_port()  # nothing listens on db_port
+    registry_url = f"postgresql://vb:pw-8c1e@127.0.0.1:{db_port}/vb"
+    proc, port = start_on_free_port(lambda port: ([sys.executable, "-m", "service.cli", "serve"], {
+        **env_for(tmp_path / "data", port), "VECBRIDGE_REGISTRY_URL": registry_url}), tmp_path / "server.log")
     url = f"http://127.0.0.1:{port}"
     try:
         r = _readyz(url)
@@ -145,8 +145,8 @@ def test_a_damaged_sqlite_registry_is_a_503_naming_it_and_readiness_says_so(tmp_
     data = tmp_path / "data"
     seed_registry(data)
     damage_page(data / "registry.sqlite", "sqlite_autoindex_versions_1")
-    port = free_port()
-    proc = start([sys.executable, "-m", "service.cli", "serve"], env_for(data, port), port, tmp_path / "server.log")
+    proc, port = start_on_free_port(lambda port: ([sys.executable, "-m", "service.cli", "serve"], env_for(data, port)),
+                                    tmp_path / "server.log")
     url = f"http://127.0.0.1:{port}"
     try:
         r = _readyz(url)
@@ -165,10 +165,9 @@ def test_a_damaged_sqlite_registry_is_a_503_naming_it_and_readiness_says_so(tmp_
 def test_readiness_recovers_when_the_registry_comes_back(tmp_path, pg_url):
     u = urlsplit(pg_url)
     db = Forwarder((u.hostname, u.port))
-    port = free_port()
-    env = env_for(tmp_path / "data", port)
-    env["VECBRIDGE_REGISTRY_URL"] = u._replace(netloc=f"{u.username}@127.0.0.1:{db.port}").geturl()
-    proc = start([sys.executable, "-m", "service.cli", "serve"], env, port, tmp_path / "server.log")
+    registry_url = u._replace(netloc=f"{u.username}@127.0.0.1:{db.port}").geturl()
+    proc, port = start_on_free_port(lambda port: ([sys.executable, "-m", "service.cli", "serve"], {
+        **env_for(tmp_path / "data", port), "VECBRIDGE_REGISTRY_URL": registry_url}), tmp_path / "server.log")
     url = f"http://127.0.0.1:{port}"
     try:
         assert _readyz(url).status_code == 503
@@ -221,10 +220,9 @@ def test_readiness_answers_in_time_and_holds_one_thread_while_the_registry_does_
     u = urlsplit(pg_url)
     db = Forwarder((u.hostname, u.port))
     db.open()
-    port = free_port()
-    env = env_for(tmp_path / "data", port)
-    env["VECBRIDGE_REGISTRY_URL"] = u._replace(netloc=f"{u.username}@127.0.0.1:{db.port}").geturl()
-    proc = start([sys.executable, "-m", "service.cli", "serve"], env, port, tmp_path / "server.log")
+    registry_url = u._replace(netloc=f"{u.username}@127.0.0.1:{db.port}").geturl()
+    proc, port = start_on_free_port(lambda port: ([sys.executable, "-m", "service.cli", "serve"], {
+        **env_for(tmp_path / "data", port), "VECBRIDGE_REGISTRY_URL": registry_url}), tmp_path / "server.log")
     url = f"http://127.0.0.1:{port}"
     threads = f"/proc/{proc.pid}/task"
     try:
@@ -263,10 +261,9 @@ def test_a_request_stuck_behind_another_sessions_lock_is_a_503_after_the_stateme
     reg.register_version("m", align.fit_procrustes(X, X), source_space="s", target_space="t", method="procrustes",
                          params={})
     reg.close()
-    port = free_port()
-    env = env_for(tmp_path / "data", port)
-    env.update(VECBRIDGE_REGISTRY_URL=pg_url, VECBRIDGE_REGISTRY_STATEMENT_TIMEOUT_S="3")
-    proc = start([sys.executable, "-m", "service.cli", "serve"], env, port, tmp_path / "server.log")
+    proc, port = start_on_free_port(lambda port: ([sys.executable, "-m", "service.cli", "serve"], {
+        **env_for(tmp_path / "data", port), "VECBRIDGE_REGISTRY_URL": pg_url,
+        "VECBRIDGE_REGISTRY_STATEMENT_TIMEOUT_S": "3"}), tmp_path / "server.log")
     url = f"http://127.0.0.1:{port}"
     locker = psycopg.connect(pg_url)
     try:
@@ -305,8 +302,8 @@ def test_rows_added_while_the_registry_does_not_answer_say_they_went_in_unchecke
     _, Y, _ = planted(300)
     IndexStore(data / "indexes").create("docs", "b", Y[:200], dim=16)
     damage_page(data / "registry.sqlite", "sqlite_autoindex_versions_1")  # its maps cannot be read: 503s
-    port = free_port()
-    proc = start([sys.executable, "-m", "service.cli", "serve"], env_for(data, port), port, tmp_path / "server.log")
+    proc, port = start_on_free_port(lambda port: ([sys.executable, "-m", "service.cli", "serve"], env_for(data, port)),
+                                    tmp_path / "server.log")
     url = f"http://127.0.0.1:{port}"
     try:
         r = httpx.post(f"{url}/v1/indexes/docs/vectors", headers=W, json={"vectors": Y[200:210].tolist()}, timeout=30)

@@ -11,7 +11,7 @@ import time
 import httpx
 import numpy as np
 from _api_support import W
-from _servers import env_for, free_port, start, stop
+from _servers import env_for, start_on_free_port, stop
 
 
 def _lines(log) -> list[dict]:
@@ -19,9 +19,10 @@ def _lines(log) -> list[dict]:
 
 
 def test_the_log_level_option_wins_over_the_variable_and_a_failed_job_names_its_map_and_request(tmp_path):
-    port, log = free_port(), tmp_path / "server.log"
-    env = {**env_for(tmp_path / "data", port), "VECBRIDGE_LOG_LEVEL": "DEBUG"}
-    proc = start([sys.executable, "-m", "service.cli", "serve", "--log-level", "warning"], env, port, log)
+    log = tmp_path / "server.log"
+    proc, port = start_on_free_port(lambda port: ([sys.executable, "-m", "service.cli", "serve", "--log-level",
+                                                   "warning"], {**env_for(tmp_path / "data", port),
+                                                                "VECBRIDGE_LOG_LEVEL": "DEBUG"}), log)
     url = f"http://127.0.0.1:{port}"
     try:
         X = np.zeros((64, 4))  # rows with no signal: the fit job fails in its fit stage (DegenerateInputError)

@@ -65,3 +65,28 @@ def test_an_app_served_in_a_thread_whose_port_is_taken_starts_on_another(monkeyp
     finally:
         for s in held:
             s.close()
+
+
+def test_a_reliability_server_whose_port_is_taken_before_it_binds_starts_on_another(tmp_path, monkeypatch):
+    """The reliability tests' :class:`Server` (its own start, waiting for /readyz) tries another port too."""
+    from reliability import helpers
+
+    tried, held = [], []
+    free_port = helpers.free_port
+
+    def racing_free_port() -> int:
+        port = free_port()
+        if not tried:
+            _take(port, held)
+        tried.append(port)
+        return port
+
+    monkeypatch.setattr(helpers, "free_port", racing_free_port)
+    server = helpers.Server(tmp_path / "data", log_path=tmp_path / "server.log")
+    try:
+        with server:
+            assert len(tried) == 2 and server.port == tried[1] != tried[0], tried
+            assert httpx.get(f"{server.url}/healthz", timeout=30).status_code == 200
+    finally:
+        for s in held:
+            s.close()

@@ -13,7 +13,7 @@ from fastapi.testclient import TestClient
 from service.ops import demo
 from service.api import create_app
 from _api_support import R, populate, settings_for
-from _servers import env_for, free_port, start, stop
+from _servers import env_for, start, start_on_free_port, stop
 
 
 def test_packaged_demo_data_is_unit_paired_and_distinct():
@@ -89,9 +89,8 @@ def test_every_worker_reports_the_demo(tmp_path):
     """``serve --workers 2`` on an empty data dir: whichever worker answers, ``/readyz`` has ``checks.demo`` and
     ``/v1/info`` the same ``demo``, ``preparing`` then ``ready``. Before, the worker that did not build the demo
     answered ``"demo": null`` and a /readyz without ``checks.demo``: half the answers."""
-    port = free_port()
-    env = {**env_for(tmp_path / "data", port), "VECBRIDGE_DEMO_ON_EMPTY": "true"}
-    proc = start([sys.executable, "-m", "service.cli", "serve", "--workers", "2"], env, port, tmp_path / "server.log")
+    proc, port = start_on_free_port(lambda port: ([sys.executable, "-m", "service.cli", "serve", "--workers", "2"], {
+        **env_for(tmp_path / "data", port), "VECBRIDGE_DEMO_ON_EMPTY": "true"}), tmp_path / "server.log")
     url, seen, ready_in_a_row = f"http://127.0.0.1:{port}", [], 0
     try:
         deadline = time.monotonic() + 120

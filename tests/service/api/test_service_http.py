@@ -11,7 +11,7 @@ import httpx
 import numpy as np
 import pytest
 
-from _servers import env_for, free_port, seed_registry, start, stop
+from _servers import env_for, seed_registry, start, start_on_free_port, stop
 from _api_support import KEYS, R, W
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -52,11 +52,13 @@ def exercise(base: str, X: np.ndarray, Y: np.ndarray, m) -> None:
 def test_uvicorn_subprocess(tmp_path):
     data = tmp_path / "data"
     X, Y, m = seed_registry(data)
-    port = free_port()
     log = tmp_path / "server.log"
-    cmd = [sys.executable, "-m", "uvicorn", "--factory", "service.api:create_app", "--host", "127.0.0.1",
-           "--port", str(port), "--no-access-log"]
-    proc = start(cmd, env_for(data, port), port, log)
+
+    def command(port: int) -> list[str]:
+        return [sys.executable, "-m", "uvicorn", "--factory", "service.api:create_app", "--host", "127.0.0.1",
+                "--port", str(port), "--no-access-log"]
+
+    proc, port = start_on_free_port(lambda port: (command(port), env_for(data, port)), log)
     try:
         exercise(f"http://127.0.0.1:{port}", X, Y, m)
     finally:
@@ -67,7 +69,7 @@ def test_uvicorn_subprocess(tmp_path):
         assert key not in text  # keys never logged
     assert (data / "indexes" / "ib" / "meta.json").exists()
     # restart on the same data dir: the index is loaded again
-    proc = start(cmd, env_for(data, port), port, log)
+    proc = start(command(port), env_for(data, port), port, log)  # the same port
     try:
         with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30.0) as c:
             assert c.get("/v1/indexes/ib", headers=R).json()["count"] == len(Y)
@@ -79,10 +81,9 @@ def test_uvicorn_subprocess(tmp_path):
 def test_vecbridge_serve_command(tmp_path):
     data = tmp_path / "data"
     X, Y, m = seed_registry(data)
-    port = free_port()
-    env = env_for(tmp_path / "elsewhere", port)  # --data-dir must win over the environment
-    cmd = ["vecbridge", "serve", "--data-dir", str(data), "--host", "127.0.0.1", "--port", str(port)]
-    proc = start(cmd, env, port, tmp_path / "serve.log")
+    proc, port = start_on_free_port(lambda port: (  # --data-dir must win over the environment's
+        ["vecbridge", "serve", "--data-dir", str(data), "--host", "127.0.0.1", "--port", str(port)],
+        env_for(tmp_path / "elsewhere", port)), tmp_path / "serve.log")
     try:
         exercise(f"http://127.0.0.1:{port}", X, Y, m)
     finally:

@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
-from _servers import ROOT, damage_page, env_for, free_port, seed_registry, start, stop, wait_ready
+from _servers import ROOT, damage_page, env_for, free_port, seed_registry, start, start_on_free_port, stop, wait_ready
 
 from service.indexes import IndexStore
 from service.registry import open_registry
@@ -123,8 +123,8 @@ def check_restorable(dest: Path, at_least: tuple[int, int], at_most: tuple[int, 
 def test_backup_taken_while_a_process_writes_restores_at_a_committed_state(source, tmp_path):
     data = source
     log = tmp_path / "writer.log"
-    port = free_port()
-    server = start([sys.executable, "-m", "service.cli", "serve"], env_for(data, port), port, tmp_path / "srv.log")
+    server, port = start_on_free_port(lambda port: ([sys.executable, "-m", "service.cli", "serve"],
+                                                    env_for(data, port)), tmp_path / "srv.log")
     with open(tmp_path / "writer.err", "wb") as err:
         writer = subprocess.Popen([sys.executable, "-c", WRITER, str(data), str(log)], cwd=ROOT, stderr=err)
     backups = []
@@ -163,8 +163,8 @@ def test_backup_taken_while_a_process_writes_restores_at_a_committed_state(sourc
 
     # restore: a real server on the backup answers from it
     dest = backups[1][0]
-    port = free_port()
-    server = start([sys.executable, "-m", "service.cli", "serve"], env_for(dest, port), port, tmp_path / "r.log")
+    server, port = start_on_free_port(lambda port: ([sys.executable, "-m", "service.cli", "serve"],
+                                                    env_for(dest, port)), tmp_path / "r.log")
     try:
         base = f"http://127.0.0.1:{port}"
         wait_ready(base, proc=server, timeout=30)  # its index is loaded in the background after /healthz answers

@@ -15,7 +15,7 @@ import httpx
 import numpy as np
 import pytest
 from _api_support import KEYS
-from _servers import env_for, free_port, seed_registry, start, stop
+from _servers import env_for, seed_registry, start_on_free_port, stop
 from conftest import run_cli
 
 from service.indexes import IndexNotFoundError, IndexStore, SpaceIndex
@@ -472,10 +472,9 @@ def test_another_writer_is_not_held_while_a_multi_block_add_reads_its_file(world
 
 def test_a_running_server_sees_every_cli_write(world, capsys):
     data, tmp, X, Y = world
-    port = free_port()
-    cmd = [sys.executable, "-m", "uvicorn", "--factory", "service.api:create_app", "--host", "127.0.0.1",
-           "--port", str(port), "--no-access-log"]
-    proc = start(cmd, env_for(data, port), port, tmp / "server.log")
+    proc, port = start_on_free_port(lambda port: (
+        [sys.executable, "-m", "uvicorn", "--factory", "service.api:create_app", "--host", "127.0.0.1",
+         "--port", str(port), "--no-access-log"], env_for(data, port)), tmp / "server.log")
     base, h = f"http://127.0.0.1:{port}/v1/indexes", {"Authorization": f"Bearer {RKEY}"}
     try:
         assert cli(capsys, data, "create", "live", "--space", "b", tmp / "y.npy", "--rows", "0:150",

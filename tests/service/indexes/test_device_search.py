@@ -14,7 +14,7 @@ import httpx
 import numpy as np
 import pytest
 from _api_support import R, W, settings_for
-from _servers import ROOT, env_for, free_port, seed_registry, start, stop
+from _servers import ROOT, env_for, free_port, seed_registry, start, start_on_free_port, stop
 from conftest import logged
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -266,10 +266,9 @@ def test_a_server_on_the_gpu_answers_as_faiss(tmp_path):
     ids FAISS gives for the mapped queries."""
     data = tmp_path / "data"
     X, Y, m = seed_registry(data)
-    port = free_port()
+    proc, port = start_on_free_port(lambda port: ([sys.executable, "-m", "service.cli", "serve", "--search-device",
+                                                   "cuda"], env_for(data, port)), tmp_path / "server.log")
     url = f"http://127.0.0.1:{port}"
-    proc = start([sys.executable, "-m", "service.cli", "serve", "--search-device", "cuda"], env_for(data, port),
-                 port, tmp_path / "server.log")
     try:
         info = httpx.get(url + "/v1/info", headers=R, timeout=30).json()
         assert info["search_device"].startswith("cuda:0 ("), info

