@@ -1,11 +1,12 @@
 """A pgvector table's vector index as vecbridge builds it and searches it.
 
-- :func:`search_operator` — the distance operator a search orders by: the one its index's operator class serves
-  (``<->`` for ``vector_l2_ops``, ``<#>`` for ``vector_ip_ops``, ``<=>`` for ``vector_cosine_ops``) where that
-  ranks as the table's metric does, else the metric's own. pgvector walks an index only for its own operator: a
-  cosine target that kept its L2 source's ``vector_l2_ops`` index (so the source's ``<->`` queries keep it after
-  the alias switch) was searched with ``<=>``, an exact scan of every row. On unit rows (what a map writes) L2 and
-  inner product rank as cosine does; the score stays the metric's own.
+- :data:`METRIC_OPS` — the distance operator a search orders by: the table's metric's own (``<=>`` cosine, ``<#>``
+  inner product, ``<->`` L2), whatever operator class its vector index has. PostgreSQL walks an index of that
+  operator class where there is one (a cosine index beside an L2 one, whatever their names); an index of another
+  (a cosine target that kept its L2 source's ``vector_l2_ops`` index for its users' ``<->`` queries) is not used and
+  every row is read. Ordering by the index's operator instead ranked as cosine only on unit rows, which nothing
+  keeps: a row the application writes later (``3 * q``), or a user's cosine table of rows of varied norms, was
+  ranked by norm as much as by direction.
 - :func:`build_index` — ``CREATE INDEX IF NOT EXISTS``, waiting at most :data:`INDEX_WAIT_S` for another session's
   lock on the table: a run killed (``kill -9``) during its index build leaves its ``CREATE INDEX`` running on the
   server to its end, and the rerun's build waited for it however long that took. Past the wait:
@@ -17,16 +18,12 @@ from __future__ import annotations
 from .base import VectorDBUnavailableError
 from .pg_schema import DISTANCE_OPS
 
-__all__ = ["INDEX_WAIT_S", "IndexBuildBusyError", "METRIC_OPS", "build_index", "search_operator"]
+__all__ = ["INDEX_WAIT_S", "IndexBuildBusyError", "METRIC_OPS", "build_index"]
 
 #: the longest a build waits for another session's lock on its table (the setting ``vectordb_index_wait_s``)
 INDEX_WAIT_S = 60.0
-#: each metric's own distance operator
+#: each metric's own distance operator: the one a search of a table of that metric orders by
 METRIC_OPS = {"cosine": "<=>", "ip": "<#>", **DISTANCE_OPS}
-#: an operator class (less its vector type) -> the operator its index serves
-_OPCLASS_OPS = {"cosine_ops": "<=>", "ip_ops": "<#>", "l2_ops": "<->", "l1_ops": "<+>"}
-#: the operator classes whose order is a metric's own on unit rows (L1 is not cosine's)
-_RANKS_AS = {"cosine": ("cosine_ops", "l2_ops", "ip_ops"), "ip": ("ip_ops",), "l2": ("l2_ops",), "l1": ("l1_ops",)}
 #: the table lock modes that hold up a CREATE INDEX (its ShareLock; ShareLock: another build in an open transaction)
 _BLOCKING = ("RowExclusiveLock", "ShareUpdateExclusiveLock", "ShareLock", "ShareRowExclusiveLock", "ExclusiveLock",
              "AccessExclusiveLock")
@@ -37,14 +34,6 @@ class IndexBuildBusyError(VectorDBUnavailableError):
     on the server): exit 75, a job failed with the message; a later run keeps that build's index."""
 
     retry_after = 60
-
-
-def search_operator(metric: str, opclass: str | None) -> str:
-    """The operator a search of a table of ``metric`` orders by, its vector index being of ``opclass`` (less its
-    vector type, as :func:`~service.vectordb.pg_schema.plain_opclass` gives it; None: no index)."""
-    if opclass in _RANKS_AS.get(metric, ()):
-        return _OPCLASS_OPS[opclass]
-    return METRIC_OPS.get(metric, "<=>")
 
 
 def build_index(conn, create, table: str, wait_s: float) -> None:

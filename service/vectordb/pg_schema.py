@@ -70,7 +70,8 @@ def kept_opclass(found: list[tuple[str, list | None, bool, str]], spec, metric: 
     """The operator class (less its vector type) of the source index :func:`plain_index` reads from ``found`` when a
     target of ``metric`` built as ``spec`` keeps it: ``spec`` is that index and it serves ``metric`` or a distance no
     table records (``l2_ops``, ``l1_ops``: on the unit rows a map writes L2 ranks as cosine does, and the source's
-    ``<->`` queries keep their index); None: the target's metric's own."""
+    ``<->`` queries keep their index; vecbridge's own cosine search of it reads every row); None: the target's
+    metric's own."""
     src = plain_opclass(found) if spec is not None and plain_index(found) == spec else None
     return src if src is not None and OPS_METRIC.get(src) in (metric, *DISTANCE_OPS) else None
 

@@ -43,7 +43,7 @@ from .base import (Batch, CollectionNotFoundError, UnsupportedFieldError, Vector
                    as_ids, check_metric, check_name, close_quietly, id_key, pad_results, pg_connect, rows_in_order)
 from .lost import lost_as_unavailable
 from .pg_json import JSON_ARRAY_OIDS, JSON_NULL, JSON_OIDS, JsonDict, JsonList, json_cursor, json_out
-from .pg_index import INDEX_WAIT_S, METRIC_OPS, build_index, search_operator
+from .pg_index import INDEX_WAIT_S, METRIC_OPS, build_index
 from .pg_schema import (INDEX_OPTIONS, OPS_METRIC, column_rules, copy_structures, kept_opclass, plain_index,
                         plain_opclass, vector_indexes)
 
@@ -448,19 +448,18 @@ class PgVectorStore(VectorStore):
                          self.dim(name))
 
     def _search_sql(self, name: str):
-        """The query :meth:`search` runs for one query vector (parameters: it twice, then k). Ordered by the operator
-        the table's vector index serves where it ranks as the metric does
-        (:func:`~service.vectordb.pg_index.search_operator`: an L2-indexed cosine table by ``<->``, so the index
-        is walked, not every row scanned), scored by the metric's own."""
+        """The query :meth:`search` runs for one query vector (parameters: it twice, then k): ordered and scored by
+        the metric's own operator (:data:`~service.vectordb.pg_index.METRIC_OPS`), so an index of that operator
+        class is walked and one of another (an L2 index kept on a cosine target) is not: its order is the
+        metric's only on unit rows, which nothing keeps a table to."""
         from psycopg import sql
 
-        metric = self.metric(name)
-        own, order = METRIC_OPS.get(metric, "<=>"), search_operator(metric, plain_opclass(self._vector_indexes(name)))
+        own = METRIC_OPS.get(self.metric(name), "<=>")
         v, i = sql.Identifier(self.vector_field), sql.Identifier(self.id_field)
         p = sql.SQL("%s::{}").format(sql.SQL(self._vec_type(name)))  # a query vector as the column's own type
         score = sql.SQL("1 - ({} <=> {})" if own == "<=>" else f"-({{}} {own} {{}})").format(v, p)
         return sql.SQL("SELECT {}, {} FROM {} ORDER BY {} {} {} LIMIT %s").format(
-            i, score, self._ident(name), v, sql.SQL(order), p)
+            i, score, self._ident(name), v, sql.SQL(own), p)
 
     def _search(self, name, Q, k):
         q = self._search_sql(name)

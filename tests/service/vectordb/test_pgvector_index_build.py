@@ -131,18 +131,13 @@ def test_the_index_build_is_a_stage_of_its_own_in_the_progress(pg):
 
 
 @pytest.mark.parametrize("index_sql, target_metric", [
-    ("USING hnsw (embedding vector_l2_ops)", "cosine"),
-    ("USING ivfflat (embedding vector_l2_ops) WITH (lists = 7)", "cosine"),
     ("USING hnsw (embedding vector_cosine_ops)", "cosine"),
     ("USING hnsw (embedding vector_ip_ops)", "ip"),
 ])
-def test_a_migrated_target_is_searched_through_its_vector_index_whatever_its_operator_class(
+def test_a_migrated_target_is_searched_through_a_vector_index_of_its_metric(
         pg, pg_url, tmp_path, index_sql, target_metric):  # noqa: F811
-    """QA: an L2-indexed source (``vector_l2_ops``) makes a cosine target that keeps its L2 index (its users' ``<->``
-    queries keep it after the alias switch), but vecbridge's own search of that target (``verify``, the service's
-    collection search) ordered by ``<=>``, which an L2 index cannot serve: every row scanned. The search orders by
-    the operator the index serves now; on the unit rows a map writes that ranks as cosine does, and the scores are
-    still the metric's (cosines of a cosine target)."""
+    """A target that keeps its source's cosine / inner-product index is searched through it (``Index Scan``), scored
+    by its metric (cosines of a cosine target), best first."""
     from _vectordb_servers import small_migration
 
     from service.ops.vectordb import run_migration
@@ -156,9 +151,8 @@ def test_a_migrated_target_is_searched_through_its_vector_index_whatever_its_ope
     assert pg.metric("ib_dst") == target_metric
     Y = m.apply(X[:5], output="raw")
     pg.conn.execute("SET enable_seqscan = off")  # 200 rows: the planner would rather scan, where it can
-    method = index_sql.split()[1]
     plan = pg.search_plan("ib_dst", Y[0], k=3)
-    assert any(f"Index Scan using ib_dst_{method} on ib_dst" in line for line in plan), plan
+    assert any("Index Scan using ib_dst_hnsw on ib_dst" in line for line in plan), plan
     S, ids = pg.search("ib_dst", Y, k=3)
     assert ids[:, 0].tolist() == list(range(5))
     V = pg.fetch("ib_dst", ids.ravel()).vectors.reshape(5, 3, -1)
@@ -167,6 +161,68 @@ def test_a_migrated_target_is_searched_through_its_vector_index_whatever_its_ope
         want = want / np.linalg.norm(Y, axis=1, keepdims=True)
     np.testing.assert_allclose(S, want, rtol=1e-4, atol=1e-4)
     assert (np.diff(S, axis=1) <= 1e-5).all(), S  # best first
+
+
+def _cosine_top(X, Q, k):
+    S = (Q / np.linalg.norm(Q, axis=1, keepdims=True)) @ (X / np.linalg.norm(X, axis=1, keepdims=True)).T
+    return np.argsort(-S, axis=1, kind="stable")[:, :k], -np.sort(-S, axis=1)[:, :k]
+
+
+@pytest.mark.parametrize("index_sql", ["USING hnsw (embedding vector_l2_ops)",
+                                       "USING ivfflat (embedding vector_l2_ops) WITH (lists = 7)"])
+def test_a_cosine_target_that_kept_an_l2_index_ranks_by_cosine_a_row_written_later_of_another_norm(
+        pg, pg_url, tmp_path, index_sql):  # noqa: F811
+    """Review: an L2-indexed source makes a cosine target that keeps its L2 index, and vecbridge's search of it
+    ordered by ``<->`` (the index's operator: cosine's order on unit rows). A row the application writes after the
+    switch, ``3 * q`` (its model's raw output), is at L2 distance 2 from ``q``, as far as any row can be: a search
+    for ``q`` missed it though its cosine is 1. The search orders by ``<=>`` (every row read: an L2 index cannot
+    serve it) and its results are the exact cosine ranking."""
+    from _vectordb_servers import small_migration
+
+    from service.ops.vectordb import run_migration
+
+    X, m = small_migration()
+    pg.conn.execute(f"CREATE TABLE ib_src (id bigint PRIMARY KEY, embedding vector({X.shape[1]}), text text)")
+    pg.upsert("ib_src", np.arange(len(X)), X)
+    pg.conn.execute(f"CREATE INDEX ib_src_vec ON ib_src {index_sql}")
+    run_migration(store_url=pg_url, source="ib_src", target="ib_dst", map_ref=m, checkpoint=tmp_path / "c.json",
+                  batch_size=64)
+    assert pg.metric("ib_dst") == "cosine" and _opclasses(pg, "ib_dst") == ["vector_l2_ops"]
+    Y = m.apply(X[:5], output="raw")
+    q = Y[0] / np.linalg.norm(Y[0])
+    pg.upsert("ib_dst", np.array([10_000]), (3 * q)[None])
+    pg.conn.execute("SET enable_seqscan = off")
+    S, ids = pg.search("ib_dst", q[None], k=5)
+    assert set(ids[0, :2].tolist()) == {0, 10_000}, (ids, S)  # q's own row and 3 * q: cosine 1 both
+    np.testing.assert_allclose(S[0, :2], 1.0, atol=1e-4)
+    rows = pg.fetch("ib_dst", pg.ids("ib_dst"))
+    want, wS = _cosine_top(rows.vectors, Y, 5)
+    S, ids = pg.search("ib_dst", Y, k=5)
+    assert ids[1:].tolist() == rows.ids[want[1:]].tolist()  # (the first query's top two tie)
+    np.testing.assert_allclose(S, wS, atol=1e-4)
+    plan = pg.search_plan("ib_dst", q, k=5)
+    assert not any("Index Scan" in line for line in plan), plan  # the L2 index cannot serve a cosine order
+
+
+def test_a_cosine_table_of_rows_of_any_norm_is_searched_through_its_cosine_index_not_an_l2_one_named_first(pg):
+    """Review: a user's cosine table (rows of norms 0.1 to 10) indexed ``vector_l2_ops`` was searched by ``<->``:
+    no top-5 of 20 queries was the cosine one; with a cosine index beside it, the first index by name (the L2 one)
+    still chose the operator. The search orders by ``<=>`` and PostgreSQL walks the cosine index."""
+    rng = np.random.default_rng(1)
+    X = rng.standard_normal((300, 8)).astype("f4") * rng.uniform(0.1, 10, (300, 1)).astype("f4")
+    Q = rng.standard_normal((20, 8)).astype("f4")
+    pg.create("ib_dst", 8, metric="cosine")
+    pg.upsert("ib_dst", np.arange(len(X)), X)
+    pg.conn.execute("CREATE INDEX ib_dst_a_l2 ON ib_dst USING hnsw (embedding vector_l2_ops)")
+    pg.conn.execute("CREATE INDEX ib_dst_cos ON ib_dst USING hnsw (embedding vector_cosine_ops)")
+    pg.conn.execute("SET enable_seqscan = off")
+    pg.conn.execute("SET hnsw.ef_search = 300")  # 300 rows: the walk finds every one, so the order is exact
+    plan = pg.search_plan("ib_dst", Q[0], k=5)
+    assert any("Index Scan using ib_dst_cos on ib_dst" in line for line in plan), plan
+    want, wS = _cosine_top(X, Q, 5)
+    S, ids = pg.search("ib_dst", Q, k=5)
+    assert ids.tolist() == want.tolist()
+    np.testing.assert_allclose(S, wS, atol=1e-4)
 
 
 def _gated_build(conn, gate, table: str, name: str) -> threading.Thread:
