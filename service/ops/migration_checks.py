@@ -14,7 +14,8 @@ only by polling. Each check names the CLI's flag (``json_fields`` False) or the 
 - :func:`check_target`: a fresh run's target does not exist unless ``overwrite`` (and no alias serves it even then),
   is no alias itself, and ``alias`` names no collection (409);
 - :func:`check_map_space`: the space the source records (or ``source_space`` declares) is the one the map reads: a map
-  the wrong way round is a 422 naming ``map``;
+  the wrong way round is a 422 naming ``map``; made before the width check (a map the wrong way round between
+  spaces of different widths is that, not "a map for another model");
 - :func:`check_map_width`: the source's vectors are as wide as the map's input (a map for another model: 422 naming
   ``map``);
 - :func:`check_keep_matches`: a checkpoint written with a keep set (the re-embedded rows, ``keep`` /
@@ -34,10 +35,11 @@ from align.exceptions import DimensionMismatchError, InputError
 
 from ..vectordb import CollectionExistsError, FileCheckpoint, SpaceMismatchError, VectorStore
 from ..vectordb.keep import KEEP_WORDS, KeepSet, check_keep_resume
+from ..vectordb.migrate import is_artifact_path
 
 __all__ = ["check_index", "check_keep_matches", "check_map_space", "check_map_width", "check_names", "check_resume",
            "check_source_fields", "check_target", "compare_as_resolved", "engine_defaults", "is_postgres_url",
-           "option_name", "resume_options"]
+           "map_spaces", "option_name", "resume_options"]
 
 #: the fields a store is opened with, as the CLI and a request name them
 FIELDS = ("id_field", "vector_field", "text_field")
@@ -192,6 +194,15 @@ def check_map_space(store: VectorStore, source: str, declared: str | None, map_r
            "a map for another model")
     raise SpaceMismatchError(f"{said} {have!r} but {map_opt} {map_ref!r} reads {map_src!r}: {way}; give "
                              f"{map_opt} a map from {have!r}")
+
+
+def map_spaces(map_ref, registry) -> tuple[str | None, str | None]:
+    """``(source space, target space)`` of a registry map ``map_ref`` (its version's record, no artifact read);
+    ``(None, None)`` for a map object or an artifact file (the run checks what it can of those)."""
+    if not hasattr(registry, "resolve") or not isinstance(map_ref, str) or is_artifact_path(map_ref):
+        return None, None
+    v = registry.resolve(map_ref)
+    return v.source_space, v.target_space
 
 
 def check_map_width(store: VectorStore, source: str, map_ref, map_dim: int | None, *,

@@ -52,8 +52,8 @@ from ..vectordb.holder import holder_gone
 from ..vectordb.keep import read_keep_ids, resume_words
 from ..vectordb.lost import lost_as_unavailable
 from ..vectordb.migrate import is_artifact_path, map_source_dim
-from .migration_checks import (check_index, check_map_width, check_names, check_source_fields, compare_as_resolved,
-                               is_postgres_url, resume_options)
+from .migration_checks import (check_index, check_map_space, check_map_width, check_names, check_source_fields,
+                               compare_as_resolved, is_postgres_url, map_spaces, resume_options)
 
 __all__ = [
     "SharedStore",
@@ -251,7 +251,10 @@ def run_migration(*, store_url: str, source: str, target: str, map_ref, checkpoi
     try:  # the database gone mid-run: exit 75 (retry later), one line; was exit 3, "internal"
         with lost_as_unavailable(store, "nothing was written: run the same command again"):
             check_source_fields(store, source, fields, json_fields=json_fields)  # as a request checks it
-            # named as the face names it (--map), before the lock and the checkpoint are taken
+            # named as the face names it (--map), before the lock and the checkpoint are taken; the space first: a
+            # map the wrong way round between spaces of different widths is that, not a map for another model
+            check_map_space(store, source, source_space, str(map_ref), *map_spaces(map_ref, registry),
+                            json_fields=json_fields)
             check_map_width(store, source, map_ref, map_source_dim(map_ref, registry), json_fields=json_fields)
         with stop, _CancelWatch(store, cancelled), lost_as_unavailable(
                 store, "every batch written so far is checkpointed: run the same command again to resume"):

@@ -116,17 +116,17 @@ def create_migration(body: bytes, request, state, settings):
 
 def _check_store(url: str, settings, opts, checkpoint, v, keep: tuple | None) -> None:
     """The refusals a migration makes at its start that the database answers at once, made now (as the CLI makes
-    them): the source missing (404), a field it lacks (422), a map (version ``v``) whose input width is not the
-    source's (422, naming ``map``) or of another space than the one the source records (422, naming ``map``), keep
+    them): the source missing (404), a field it lacks (422), a map (version ``v``) of another space than the one
+    the source records (422, naming ``map``) or whose input width is not the source's (422, naming ``map``), keep
     ids (``keep``: ids, vectors) of another kind than the source's (422), a resume whose options differ from the
     unfinished run's (409, naming the request's fields) or whose keep set differs from its checkpoint's (409, naming
     ``keep``), a fresh run's target that exists without ``overwrite`` or that an alias serves (409)."""
     fields = {"id_field": opts.id_field, "vector_field": opts.vector_field, "text_field": opts.text_field}
     with _checked_store(url, settings, fields, opts.index or "like", "no migration was queued") as store:
         check_source_fields(store, opts.source, fields, json_fields=True)
-        check_map_width(store, opts.source, v.ref, v.source_dim, json_fields=True)
         check_map_space(store, opts.source, opts.source_space, v.ref, v.source_space, v.target_space,
-                        json_fields=True)
+                        json_fields=True)  # first: a map the wrong way round of another width is that
+        check_map_width(store, opts.source, v.ref, v.source_dim, json_fields=True)
         kept = None if keep is None else keep_set(store, opts.source, *keep, v.target_dim)  # reads one row
         options = resume_options(alias=opts.alias, index=opts.index, **fields, source_space=opts.source_space,
                                  target_space=opts.target_space)

@@ -190,3 +190,40 @@ def test_the_width_keep_and_field_checks_name_the_cli_flags_for_the_cli(tmp_path
             check_source_fields(named, "src", {"vector_field": "emb"}, role="collection")
     finally:
         named.close()
+
+
+def test_a_map_the_wrong_way_round_between_spaces_of_different_widths_is_called_that_on_both_faces(tmp_path):
+    """Review: the width check ran before the space check, so a map a -> c (16-d -> 8-d) given for a collection that
+    records space c (8-d rows) was "a map for another model" over HTTP and in ``vecbridge migrate``, where the space
+    the collection records tells that it is the map the wrong way round."""
+    pytest.importorskip("qdrant_client")
+    from _servers import seed_registry
+
+    from align import fit_ridge
+    from service.api import create_app
+    from service.ops.vectordb import run_migration
+    from service.registry import open_registry
+    from service.vectordb import SpaceMismatchError, open_store
+
+    X, _, _ = seed_registry(tmp_path / "data")
+    Z = np.random.default_rng(0).standard_normal((len(X), 8)).astype(np.float32)
+    reg = open_registry(f"sqlite:///{(tmp_path / 'data' / 'registry.sqlite').resolve()}",
+                        (tmp_path / "data" / "artifacts").resolve())
+    reg.register_space("c", 8)
+    reg.register_version("a2c", fit_ridge(X, Z), source_space="a", target_space="c", method="ridge", params={})
+    url = f"qdrant://{tmp_path / 'qd'}"
+    with open_store(url) as s:
+        s.create("in_c", 8)
+        s.set_space("in_c", "c")
+        s.upsert("in_c", np.arange(40), Z[:40])
+    with pytest.raises(SpaceMismatchError) as e:
+        run_migration(store_url=url, source="in_c", target="new", map_ref="a2c", registry=reg,
+                      checkpoint=tmp_path / "c.json")
+    assert "'in_c' records space 'c' but --map 'a2c' reads 'a': the map the wrong way round (it maps 'a' to " \
+           "'c'); give --map a map from 'c'" in str(e.value), str(e.value)
+    reg.close()
+    with TestClient(create_app(settings_for(tmp_path, vectordb_url=url))) as c:
+        r = c.post("/v1/migrations", json={"map": "a2c", "source": "in_c", "target": "new"}, headers=W)
+    msg = r.json()["error"]["message"]
+    assert r.status_code == 422 and r.json()["error"]["type"] == "SpaceMismatchError", r.text
+    assert "the map the wrong way round (it maps 'a' to 'c'); give map a map from 'c'" in msg, msg
