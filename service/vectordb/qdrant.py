@@ -36,8 +36,8 @@ from .base import (MISSING, BadNameError, Batch, UnsupportedFieldError, VectorDB
 __all__ = ["QdrantStore"]
 
 _SEARCH_BATCH = 64
-#: the points whose payload keys stand for a collection's (payloads have no schema): a text field none of them has
-#: is refused as a missing column is
+#: the points whose payload keys a missing text field's refusal names (payloads have no schema; whether any point
+#: has the field is counted)
 PAYLOAD_SAMPLE = 16
 _INT64_MAX = 2**63 - 1
 _VECTOR_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,127}")  # Qdrant's names: LlamaIndex's "text-dense" too
@@ -220,8 +220,10 @@ class QdrantStore(VectorStore):
 
     def missing_fields(self, name: str) -> dict[str, str]:
         """The vector field from the collection's config; the text field, a payload key (payloads have no schema),
-        from the payloads of its first :data:`PAYLOAD_SAMPLE` points: missing when none of them has it (an empty
-        collection tells nothing)."""
+        missing when no point has it: the first :data:`PAYLOAD_SAMPLE` points' payloads are read (their keys name
+        what it has instead), and where none of them has it, Qdrant counts the points that do (an exact count with
+        a filter: points without it can come first, e.g. images or section headers). An empty collection tells
+        nothing."""
         vectors, _ = self._vectors_config(name)
         out = {}
         if isinstance(vectors, dict):
@@ -231,10 +233,18 @@ class QdrantStore(VectorStore):
             out["vector_field"] = "one unnamed vector (leave the vector field out)"
         points, _ = self.client.scroll(name, limit=PAYLOAD_SAMPLE, with_payload=True, with_vectors=False)
         keys = {k for p in points for k in (p.payload or {})}
-        if points and self.text_field not in keys:
-            out["text_field"] = (f"payload keys {', '.join(sorted(keys)) or '(none)'} (none of the first {len(points)} "
-                                 f"points has {self.text_field!r})")
+        if points and self.text_field not in keys and not self._has_payload_key(name, self.text_field):
+            out["text_field"] = (f"payload keys {', '.join(sorted(keys)) or '(none)'} on its first {len(points)} "
+                                 f"points (no point has {self.text_field!r})")
         return out
+
+    def _has_payload_key(self, name: str, key: str) -> bool:
+        """Whether a point of ``name`` has the payload key ``key`` (not null, not ``[]``; a field name has no dot,
+        so Qdrant reads it as the top-level key)."""
+        from qdrant_client import models
+
+        present = models.Filter(must_not=[models.IsEmptyCondition(is_empty=models.PayloadField(key=key))])
+        return self.client.count(name, count_filter=present, exact=True).count > 0
 
     def unsupported_fields(self, name: str) -> list[str]:
         vectors, _ = self._vectors_config(name)

@@ -59,7 +59,7 @@ unknown map (404), a bad collection name
 or `keep` set (vectors not of the map's target width, NaN, an id twice, ids and rows of different counts: 422),
 `target` equal to `source`, an `index` kind other than `like` on a Milvus or Qdrant store (their targets take the
 source's own index: 422); and, asking the database once, the source missing (404), an id, vector or (named) text
-field it lacks (422, naming the field; a Qdrant text key none of the first 16 points' payloads has), a map whose
+field it lacks (422, naming the field; a Qdrant text key no point's payload has), a map whose
 input width is not the source's vectors' (422 naming `map`), keep ids of another kind than the source's (422), a
 resume whose options differ from the unfinished run's (409, naming each field and its recorded value), a checkpoint
 written with another `keep` set than the request's, or with one while the request sends none (or none while it sends

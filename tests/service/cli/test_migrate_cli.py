@@ -621,7 +621,7 @@ def test_a_text_field_none_of_the_first_points_has_is_refused_naming_the_payload
     lines = p.stderr.strip().splitlines()
     assert p.returncode == 2 and len(lines) == 1, p.stderr
     assert "source 'docs_a' has no text field 'body'" in lines[0] and "fix --text-field" in lines[0], lines
-    assert "payload keys category, lang, n, tags, text (none of the first 16 points has 'body')" in lines[0], lines
+    assert "payload keys category, lang, n, tags, text on its first 16 points (no point has 'body')" in lines[0], lines
     with _open(world) as s:
         assert not s.exists("tf_wrong")
     assert vb(world["data"], *common, "--target", "tf_lang", "--text-field", "lang", "--dry-run").returncode == 0
