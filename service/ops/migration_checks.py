@@ -33,7 +33,8 @@ import inspect
 
 from align.exceptions import DimensionMismatchError, InputError
 
-from ..vectordb import CollectionExistsError, FileCheckpoint, SpaceMismatchError, VectorStore
+from ..vectordb import (CollectionExistsError, FileCheckpoint, SpaceMismatchError, UnsupportedFieldError,
+                        VectorStore)
 from ..vectordb.keep import KEEP_WORDS, KeepSet, check_keep_resume
 from ..vectordb.migrate import is_artifact_path
 
@@ -209,10 +210,17 @@ def check_map_width(store: VectorStore, source: str, map_ref, map_dim: int | Non
                     json_fields: bool = False) -> None:
     """DimensionMismatchError (422, exit 2) when the vectors of ``source`` (its vector field, as ``store`` was opened)
     are not ``map_dim`` wide, the rows map ``map_ref`` reads: a map for another model (the run refused it under its
-    lock, a request's in a job that failed). ``map_dim`` None (not known yet): the run checks it."""
+    lock, a request's in a job that failed). ``map_dim`` None (not known yet): the run checks it. A source whose
+    width cannot be told (an empty table's vector column declared without a size): UnsupportedFieldError (422,
+    exit 2) naming ``vector_field`` / ``--vector-field``."""
     if map_dim is None:
         return
-    have = store.dim(source)
+    try:
+        have = store.dim(source)
+    except UnsupportedFieldError as exc:  # its width untold (an empty table's unsized column): named as the face does
+        if not json_fields:
+            raise
+        raise UnsupportedFieldError(str(exc).replace("--vector-field", "vector_field")) from None
     if have == int(map_dim):
         return
     opt = option_name("map", json_fields)

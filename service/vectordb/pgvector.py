@@ -336,9 +336,13 @@ class PgVectorStore(VectorStore):
                 self._ident(name), v=sql.Identifier(self.vector_field))).fetchone()
             if d is not None:
                 return int(d[0])
-        raise VectorDBError(f"pgvector: {name!r} has no vector column {self.vector_field!r} of a known dimension "
-                            f"(columns: {', '.join(c[0] for c in self._columns(name))}); name it with "
-                            "--vector-field")
+            raise UnsupportedFieldError(  # a 422 / exit 2: an empty table's unsized column, no database fault
+                f"pgvector: {name!r} has no rows, and its vector column {self.vector_field!r} is declared without a "
+                f"size ({r[1]}), so its width cannot be told: give it one (ALTER TABLE {name} ALTER COLUMN "
+                f"{self.vector_field} TYPE {r[1]}(N)), or name a sized vector column with --vector-field")
+        raise UnsupportedFieldError(f"pgvector: {name!r} has no vector column {self.vector_field!r} of a known "
+                                    f"dimension (columns: {', '.join(c[0] for c in self._columns(name))}); name it "
+                                    "with --vector-field")
 
     def count(self, name: str) -> int:
         from psycopg import sql

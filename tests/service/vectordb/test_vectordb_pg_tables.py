@@ -37,7 +37,7 @@ def store(pg_url):  # noqa: F811
     s.index = None  # exact search: results comparable with numpy
     yield s
     for t in ("s_src", "s_dst", "t_src", "t_dst", "odd", "bad_src", "bad_dst", "plain", "lc_embedding", "lc_e5",
-              "h_src", "h_dst", "d_src", "d_dst"):
+              "h_src", "h_dst", "d_src", "d_dst", "lc_empty"):
         s.drop(t)
     s.close()
 
@@ -386,3 +386,33 @@ def test_a_text_or_vector_column_the_table_lacks_is_refused_naming_the_option(st
             run_migration(store_url=pg_url, source="t_src", target="t_dst", map_ref=str(tmp_path / "m.npz"),
                           checkpoint=tmp_path / "c.json", **opts)
         assert not store.exists("t_dst") and not (tmp_path / "c.json").exists()
+
+
+def test_an_empty_table_with_an_unsized_vector_column_is_a_422_naming_vector_field(
+        store, pg_url, tmp_path):  # noqa: F811
+    """Review: an empty LangChain-shaped source (``embedding vector``, no size, no rows: its width cannot be told)
+    made ``POST /v1/migrations`` answer 503 without ``Retry-After`` ("a database fault") in the CLI's words, "name it
+    with --vector-field". It is the request's to fix: a 422 naming ``vector_field`` (the CLI: exit 2, --vector-field),
+    no job queued."""
+    from _api_support import W, settings_for
+    from _servers import seed_registry
+    from fastapi.testclient import TestClient
+
+    from service.api import create_app
+    from service.ops.vectordb import run_migration
+
+    seed_registry(tmp_path / "data")
+    store.conn.execute("CREATE TABLE lc_empty (id bigint PRIMARY KEY, embedding vector, text text)")
+    with TestClient(create_app(settings_for(tmp_path, vectordb_url=pg_url))) as c:
+        r = c.post("/v1/migrations", json={"map": "a2b", "source": "lc_empty", "target": "lc_new",
+                                           "source_space": "a"}, headers=W)
+        msg = r.json()["error"]["message"]
+        assert r.status_code == 422 and r.json()["error"]["type"] == "UnsupportedFieldError", r.text
+        assert "'lc_empty' has no rows, and its vector column 'embedding' is declared without a size" in msg, msg
+        assert "vector_field" in msg and "--vector-field" not in msg, msg
+        assert c.get("/v1/jobs", headers=W).json()["data"] == []
+    X, m = small_migration()
+    m.save(tmp_path / "m.npz")
+    with pytest.raises(UnsupportedFieldError, match="declared without a size.*--vector-field"):
+        run_migration(store_url=pg_url, source="lc_empty", target="lc_new", map_ref=str(tmp_path / "m.npz"),
+                      checkpoint=tmp_path / "c.json")
