@@ -10,7 +10,8 @@ only by polling. Each check names the CLI's flag (``json_fields`` False) or the 
   targets take the source's own index: it was ignored there);
 - :func:`check_source_fields`: the source exists and has the id / vector fields (and a text field that was named);
 - :func:`check_resume`: a checkpoint of an unfinished run records the same options (what the CLI checked as it
-  loaded the checkpoint; the HTTP job checked it minutes later, so the route answered 202 and the job failed);
+  loaded the checkpoint; the HTTP job checked it minutes later, so the route answered 202 and the job failed), and
+  a checkpoint of any run the store's engine (:func:`check_engine`, 409 naming both engines);
 - :func:`check_target`: a fresh run's target does not exist unless ``overwrite`` (and no alias serves it even then),
   is no alias itself, and ``alias`` names no collection (409);
 - :func:`check_map_space`: the space the source records (or ``source_space`` declares) is the one the map reads: a map
@@ -33,14 +34,14 @@ import inspect
 
 from align.exceptions import DimensionMismatchError, InputError
 
-from ..vectordb import (CollectionExistsError, FileCheckpoint, SpaceMismatchError, UnsupportedFieldError,
-                        VectorStore)
+from ..vectordb import (CheckpointMismatchError, CollectionExistsError, FileCheckpoint, SpaceMismatchError,
+                        UnsupportedFieldError, VectorStore)
 from ..vectordb.keep import KEEP_WORDS, KeepSet, check_keep_resume
 from ..vectordb.migrate import is_artifact_path
 
-__all__ = ["check_index", "check_keep_matches", "check_map_space", "check_map_width", "check_names", "check_resume",
-           "check_source_fields", "check_target", "compare_as_resolved", "engine_defaults", "is_postgres_url",
-           "map_spaces", "option_name", "resume_options"]
+__all__ = ["HTTP_CKPT", "check_engine", "check_index", "check_keep_matches", "check_map_space", "check_map_width",
+           "check_names", "check_resume", "check_source_fields", "check_target", "compare_as_resolved",
+           "engine_defaults", "is_postgres_url", "map_spaces", "option_name", "resume_options"]
 
 #: the fields a store is opened with, as the CLI and a request name them
 FIELDS = ("id_field", "vector_field", "text_field")
@@ -129,14 +130,36 @@ def check_resume(store: VectorStore, checkpoint, source: str, options: dict, *, 
     """CheckpointMismatchError (409, exit 2) when the checkpoint file ``checkpoint`` is of an unfinished run given
     other ``options`` (:func:`resume_options`), each compared as it resolves: an unset index is ``like``, an unset
     field the engine's default, an unset space the map's target / the source's recorded one (as the run compares
-    them); or of any run (finished too, as the run compares it) given another keep set than ``keep``
-    (:func:`check_keep_matches`). No checkpoint: nothing to compare."""
+    them); or of any run (finished too, as the run compares it) on another engine than ``store``'s
+    (:func:`check_engine`, first) or given another keep set than ``keep`` (:func:`check_keep_matches`). No
+    checkpoint: nothing to compare."""
     ckpt = FileCheckpoint(checkpoint, options=options, json_fields=json_fields)
     if not ckpt.path.exists():
         return
+    check_engine(FileCheckpoint(checkpoint).load(), store, json_fields=json_fields)  # before its options are read
     compare_as_resolved(ckpt, store)
     ckpt.resolve_options(target_space=map_target_space, source_space=store.get_space(source))
     check_keep_matches(ckpt.load(), keep, json_fields=json_fields)
+
+
+#: what an HTTP client does where the CLI passes ``--checkpoint FILE``: a request's checkpoint is the data dir's default
+HTTP_CKPT = ("migrate into another target name (a request's checkpoint is always the data dir's "
+             "migrations/SOURCE-to-TARGET.json)")
+
+
+def check_engine(state: dict | None, store: VectorStore, *, json_fields: bool = False) -> None:
+    """CheckpointMismatchError (409, exit 2) when checkpoint ``state`` records a run on another engine than
+    ``store``'s (the default checkpoint is named by collections only: the same names migrated in another store), as
+    the run refuses it (:func:`service.vectordb.migrate`; a request answered 202 and its job failed). A checkpoint
+    of a release that recorded no engine: nothing to compare."""
+    engine = (state or {}).get("engine")
+    if engine is None or engine == store.engine:
+        return
+    how = HTTP_CKPT if json_fields else "pass --checkpoint FILE for this one"
+    raise CheckpointMismatchError(
+        f"checkpoint records a migration on {engine}, and this store is {store.engine}: a migration of the same "
+        f"collection names elsewhere (the default checkpoint is named by collections only)? {how}, or remove that "
+        "checkpoint if its run is of no use")
 
 
 def check_keep_matches(state: dict | None, keep: KeepSet | None, *, json_fields: bool = False) -> None:

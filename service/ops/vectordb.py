@@ -52,8 +52,8 @@ from ..vectordb.holder import holder_gone
 from ..vectordb.keep import read_keep_ids, resume_words
 from ..vectordb.lost import lost_as_unavailable
 from ..vectordb.migrate import is_artifact_path, map_source_dim
-from .migration_checks import (check_index, check_map_space, check_map_width, check_names, check_source_fields,
-                               compare_as_resolved, is_postgres_url, map_spaces, resume_options)
+from .migration_checks import (HTTP_CKPT, check_index, check_map_space, check_map_width, check_names,
+                               check_source_fields, compare_as_resolved, is_postgres_url, map_spaces, resume_options)
 
 __all__ = [
     "SharedStore",
@@ -270,18 +270,13 @@ def run_migration(*, store_url: str, source: str, target: str, map_ref, checkpoi
     except CheckpointMismatchError as exc:  # its words name the CLI's --checkpoint, which HTTP has no field for
         if space_option.startswith("--") or "--checkpoint" not in str(exc):
             raise
-        raise CheckpointMismatchError(str(exc).replace("pass --checkpoint FILE for this one", _HTTP_CKPT).replace(
-            "pass --checkpoint)", f"{_HTTP_CKPT})")) from None
+        raise CheckpointMismatchError(str(exc).replace("pass --checkpoint FILE for this one", HTTP_CKPT).replace(
+            "pass --checkpoint)", f"{HTTP_CKPT})")) from None
     except MigrationInterrupted as exc:
         exc.signum = stop.signum  # which signal stopped it: SIGTERM exited 130 as Ctrl-C does, not 143
         raise
     finally:
         store.close()
-
-
-#: what an HTTP client does where the CLI passes ``--checkpoint FILE``: a request's checkpoint is the data dir's default
-_HTTP_CKPT = ("migrate into another target name (a request's checkpoint is always the data dir's "
-              "migrations/SOURCE-to-TARGET.json)")
 
 
 def _recorded_folders(data_dir, artifact_dir) -> dict:

@@ -127,6 +127,31 @@ def test_a_checkpoint_of_a_run_on_another_engine_is_refused_naming_both(world):
         _migrate(world, ck, space_option="source_space")  # an HTTP job's words: no CLI flag
 
 
+def test_a_request_resuming_a_checkpoint_of_another_engine_is_a_409_naming_it_and_no_job(world):
+    """Review: over HTTP the engine was compared only inside the job (202, then a failed job), and a keep set given
+    with the request was compared first (409 naming ``keep``, the engine unsaid). The request compares the engine
+    before the options and the keep set: 409 naming both engines in the request's words, no job queued."""
+    from fastapi.testclient import TestClient
+
+    from service.api.app import create_app
+
+    ck = default_checkpoint(world["data"], "src", "dst")
+    with pytest.raises(MigrationInterrupted):
+        _migrate(world, ck, stop=True, space_option="source_space")
+    _rewritten(ck, engine="pgvector")
+    before = ck.read_text()
+    keep = {"ids": [0], "vectors": [[0.25] * 16]}  # a keep set the checkpoint was written without
+    with TestClient(create_app(settings_for(world["tmp"], vectordb_url=world["url"]))) as c:
+        for extra in ({}, {"keep": keep}):
+            r = c.post("/v1/migrations", json={"map": "a2b", "source": "src", "target": "dst", **extra}, headers=W)
+            assert r.status_code == 409 and r.json()["error"]["type"] == "CheckpointMismatchError", (extra, r.text)
+            msg = r.json()["error"]["message"]
+            assert "checkpoint records a migration on pgvector, and this store is qdrant" in msg, msg
+            assert "migrate into another target name" in msg and "--checkpoint" not in msg, msg
+        assert c.get("/v1/jobs", headers=W).json()["data"] == []
+    assert ck.read_text() == before
+
+
 def test_a_postgresql_runs_status_keeps_its_index_without_a_store_given(pg_url, tmp_path):  # noqa: F811
     """A real pgvector run given ``--index hnsw``, stopped: read with no store named (``--status`` without
     ``--store`` or VECBRIDGE_VECTORDB_URL), its resume command gave ``--index hnsw`` with a note telling the reader to
