@@ -75,7 +75,8 @@ def migrate(obj: Ctx, store, text_field, vector_field, id_field, source, target,
     if status_only:
         st = checkpoint_status(ckpt, store or obj.settings.vectordb_url)  # its engine only: nothing is opened
         eta = f", ETA {st['eta_s']:.0f}s at {st['rows_per_s']} rows/s" if st["eta_s"] is not None else ""
-        emit(st, as_json, f"{st['source']} -> {st['target']}: {st['done']}/{st['total']} rows "
+        on = f" on {st['engine']}" if st.get("engine") else ""  # a checkpoint of an older release records none
+        emit(st, as_json, f"{st['source']} -> {st['target']}{on}: {st['done']}/{st['total']} rows "
                           f"({100 * st['fraction']:.1f}%), last id {st['last_id']}, "
                           f"{'finished' if st['finished'] else 'not finished, ' + st['state']}"
                           f"{' (' + st['why'] + ')' if st['why'] else ''}{eta}" + _keep_status_line(st)

@@ -192,7 +192,7 @@ way round fails the job). Both may be given. The result carries the figures and
 their given vectors (`kept_checked`, `kept_wrong`); a bad set is a 422 before a job exists, as for a migration.
 Also refused before a job exists, asking the database once (as a migration request is): `collection` or `source`
 missing (404), or lacking the id or vector field or a `text_field` that was named (422 naming the field; a Qdrant
-payload key cannot be told); a database not answering (503 with `Retry-After`).
+text key: no point's payload has it); a database not answering (503 with `Retry-After`).
 """
 
 

@@ -75,6 +75,24 @@ def test_a_run_records_its_engine_and_the_status_and_listing_show_it(world):
     assert [m["engine"] for m in listed] == ["qdrant"], listed
 
 
+def test_the_plain_status_line_names_the_engine(world, capsys):
+    """Review: README says the engine is in ``--status``, but only ``--status --json`` showed it."""
+    from service.cli import main
+
+    ck = world["tmp"] / "run.json"
+    with pytest.raises(MigrationInterrupted):
+        _migrate(world, ck, stop=True)
+    capsys.readouterr()
+    assert main(["--data-dir", str(world["data"]), "migrate", "--source", "src", "--target", "dst", "--map", "a2b",
+                 "--checkpoint", str(ck), "--status"]) == 0
+    line = capsys.readouterr().out.strip()
+    assert line.startswith(f"src -> dst on qdrant: 40/{N} rows"), line
+    _rewritten(ck, engine=None)  # an older release's checkpoint: no engine to name
+    assert main(["--data-dir", str(world["data"]), "migrate", "--source", "src", "--target", "dst", "--map", "a2b",
+                 "--checkpoint", str(ck), "--status"]) == 0
+    assert capsys.readouterr().out.startswith(f"src -> dst: 40/{N} rows")
+
+
 @pytest.mark.parametrize(("engine", "kept", "noted"), [("pgvector", True, False), ("qdrant", False, False),
                                                        ("milvus", False, False), (None, True, True)])
 def test_the_resume_command_reads_the_recorded_engine_where_no_store_is_given(world, engine, kept, noted):
