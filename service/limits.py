@@ -27,6 +27,8 @@ __all__ = [
     "Limits", "DEFAULT_LIMITS", "FIXED_LIMITS", "MAX_DIM", "MAX_ID", "MAX_SEED", "MAX_DESCRIPTION", "MAX_TAG_BYTES",
     "MAX_EXPLICIT_ID", "MAX_JSON_DEPTH", "MAX_NEW_TOKENS", "MAX_PATH_MAPS", "INDEX_PARAM_RULES", "IVF_TRAIN_PER_LIST",
     "IVF_MAX_PER_LIST", "MAX_EF_SEARCH", "MAX_NLIST", "MAX_NPROBE", "MAX_CSLS_K", "MAX_VERIFY_K", "EXACT_FLOAT_INT",
+    "MAX_MIGRATE_BATCH", "MAX_MIGRATE_PAUSE", "MAX_VERIFY_SAMPLE", "MAX_VERIFY_QUERIES", "MAX_LENS_K",
+    "MAX_LENS_DIRECTIONS",
     "whole_int",
     "check_index_params", "seed_of", "check_dim", "check_json_depth", "check_int_literal", "JSON_INT_RANGE",
     "parse_strict_int", "check_range", "default_nlist", "default_nprobe", "IVF_SCAN_ROWS",
@@ -224,6 +226,18 @@ MAX_NLIST = MAX_NPROBE = 65_536
 MAX_CSLS_K = 1_000
 #: the k of a verification's recall@k (HTTP's ``k``, ``vecbridge verify --k``): a search of the collection that deep
 MAX_VERIFY_K = 1_000
+#: a migration's rows per step (HTTP's ``batch_size``, ``migrate --batch-size``) and its sleep after each, seconds
+#: (``pause``, ``--pause``)
+MAX_MIGRATE_BATCH = 100_000
+MAX_MIGRATE_PAUSE = 60
+#: a verification's sampled rows (``n_sample``, ``verify --n-sample``) and engine-search queries (``queries``,
+#: ``--queries``)
+MAX_VERIFY_SAMPLE = 100_000
+MAX_VERIFY_QUERIES = 10_000
+#: a steer lens's items at each extreme (``k``, ``steer lens -k``) and its singular directions (``n_directions``,
+#: ``--directions``)
+MAX_LENS_K = 100
+MAX_LENS_DIRECTIONS = 1_024
 INDEX_PARAM_RULES: dict[str, dict[str, tuple[int, int]]] = {
     "flat": {},
     "hnsw": {"M": (2, 256), "ef_construction": (1, 4_096), "ef_search": (1, MAX_EF_SEARCH)},

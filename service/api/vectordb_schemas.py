@@ -7,7 +7,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictStr
 
-from ..limits import MAX_VERIFY_K
+from ..limits import MAX_MIGRATE_BATCH, MAX_MIGRATE_PAUSE, MAX_VERIFY_K, MAX_VERIFY_QUERIES, MAX_VERIFY_SAMPLE
 from .body_models import StrictRequestModel as _Strict
 from .name_types import Name, Ref
 from .number_types import Flag, count
@@ -31,8 +31,10 @@ class MigrationRequest(_Strict):
     map: Ref = Field(..., description="Registry ref of the map (`name`, `name@alias`, `name:N`); pinned to its "
                                       "version when the request is accepted.")
     alias: str | None = Field(None, description="Switched to the target once every row is written.")
-    batch_size: Count = Field(2000, ge=1, le=100_000, description="Rows per read / map / write step (and checkpoint).")
-    pause: Real = Field(0.0, ge=0, le=60, description="Seconds to sleep after each batch (spares a busy database).")
+    batch_size: Count = Field(2000, ge=1, le=MAX_MIGRATE_BATCH,
+                              description="Rows per read / map / write step (and checkpoint).")
+    pause: Real = Field(0.0, ge=0, le=MAX_MIGRATE_PAUSE,
+                        description="Seconds to sleep after each batch (spares a busy database).")
     overwrite: Flag = Field(False, description="Drop an existing target before a fresh start (never when resuming, "
                                                "never one an alias serves).")
     source_space: Name | None = Field(None, description="Space of the source vectors (checked against the map's).")
@@ -61,8 +63,8 @@ class VerificationRequest(_Strict):
     map: Ref | None = Field(None, description="Registry ref of the migration's map (with `source`).")
     source_space: Name | None = Field(None, description="Space of `source`'s vectors when it records none (checked "
                                                         "against the map's; else its first rows are).")
-    n_sample: Count = Field(2000, ge=2, le=100_000, description="Rows sampled for the re-embedding check.")
-    queries: Count = Field(200, ge=1, le=10_000, description="Queries of the engine-search check.")
+    n_sample: Count = Field(2000, ge=2, le=MAX_VERIFY_SAMPLE, description="Rows sampled for the re-embedding check.")
+    queries: Count = Field(200, ge=1, le=MAX_VERIFY_QUERIES, description="Queries of the engine-search check.")
     k: Count = Field(10, ge=1, le=MAX_VERIFY_K)
     random_state: Count = Seed
     min_recall: Real | None = Field(None, ge=0, le=1, description="PASS/FAIL gate on recall@k (with `encoder`).")

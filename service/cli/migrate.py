@@ -14,7 +14,7 @@ from tqdm import tqdm
 
 from align.exceptions import InputError
 
-from ..limits import MAX_VERIFY_K
+from ..limits import MAX_MIGRATE_BATCH, MAX_MIGRATE_PAUSE, MAX_VERIFY_K, MAX_VERIFY_QUERIES, MAX_VERIFY_SAMPLE
 from ..ops.vectordb import (check_artifact_folder, checkpoint_status, default_checkpoint, kept_by_migration,
                               needs_registry, progress_record, run_migration, stopped_by)
 from ..ops.verify import run_verify, verify_verdict
@@ -35,8 +35,8 @@ __all__ = ["migrate", "verify"]
 @click.option("--checkpoint", type=click.Path(), default=None,
               help="Progress file (default: DATA_DIR/migrations/SOURCE-to-TARGET.json); rerun to resume.")
 @click.option("--alias", default=None, help="Switch this alias to the target when every row is written.")
-@click.option("--batch-size", type=click.IntRange(1, 1_000_000), default=2000, show_default=True)
-@click.option("--pause", type=FiniteRange(0), default=0.0, help="Seconds to sleep after each batch.")
+@click.option("--batch-size", type=click.IntRange(1, MAX_MIGRATE_BATCH), default=2000, show_default=True)
+@click.option("--pause", type=FiniteRange(0, MAX_MIGRATE_PAUSE), default=0.0, help="Seconds to sleep after each batch.")
 @click.option("--index", type=click.Choice(["hnsw", "ivfflat", "none", "like"]), default=None,
               help="PostgreSQL: index built on the target (default like: the source table's own index, its "
                    "method and options, or none when the source has none). Milvus and Qdrant targets take the "
@@ -216,9 +216,9 @@ class _MigrationProgress:
                    "checked against --keep-vectors, not map(source row).")
 @click.option("--keep-vectors", type=click.Path(dir_okay=False), default=None,
               help="The new-model vectors of --keep-ids, in its order (migrate --keep-vectors).")
-@click.option("--n-sample", type=click.IntRange(2), default=2000, show_default=True,
+@click.option("--n-sample", type=click.IntRange(2, MAX_VERIFY_SAMPLE), default=2000, show_default=True,
               help="Rows sampled from the collection (re-embedded, or of the held-out pairs).")
-@click.option("--queries", "n_queries", type=click.IntRange(1), default=200, show_default=True,
+@click.option("--queries", "n_queries", type=click.IntRange(1, MAX_VERIFY_QUERIES), default=200, show_default=True,
               help="How many of the sampled rows act as queries (a count; `eval --queries` is a file).")
 @click.option("--k", type=click.IntRange(1, MAX_VERIFY_K), default=10, show_default=True, help="Cut-off of recall@k.")
 @random_state_opt

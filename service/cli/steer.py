@@ -14,6 +14,7 @@ from align.exceptions import InputError, PairCountError
 
 from ..encoders import get_encoder
 from ..io import STREAM_SUFFIXES, check_not_input, read_texts, read_vectors
+from ..limits import MAX_LENS_DIRECTIONS, MAX_LENS_K
 from ..ops.steers import (alias_held_back, bare_steer_ref, check_steer_eps, check_steer_fit, check_steer_rows,
                           delete_steer_alias, delete_steer_version, describe_lens, embed_and_register, set_steer_alias,
                           space_for_rows, steer_file, steer_lens, steer_text_encoder, transfer_and_register,
@@ -235,8 +236,9 @@ alias_command(steer, "Point steer NAME@ALIAS at VERSION (or --delete it); a bare
               help="Rank these texts along each direction (embedded with --encoder or the space's).")
 @click.option("--vectors", type=click.Path(dir_okay=False), default=None, help="Embeddings of --texts, if at hand.")
 @click.option("--encoder", default=None)
-@click.option("-k", "--k", "k", type=click.IntRange(1, 100), default=5, show_default=True, help="Items at each extreme.")
-@click.option("--directions", type=click.IntRange(1, 1024), default=4, show_default=True)
+@click.option("-k", "--k", "k", type=click.IntRange(1, MAX_LENS_K), default=5, show_default=True,
+              help="Items at each extreme.")
+@click.option("--directions", type=click.IntRange(1, MAX_LENS_DIRECTIONS), default=4, show_default=True)
 @json_opt
 @click.pass_obj
 def steer_lens_cmd(obj: Ctx, ref, texts, vectors, encoder, k, directions, as_json):

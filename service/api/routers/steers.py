@@ -11,6 +11,7 @@ from starlette.concurrency import run_in_threadpool
 from align.exceptions import PairCountError
 from align.validation import check_labels
 
+from ...limits import MAX_LENS_DIRECTIONS, MAX_LENS_K
 from ...ops import steers as steer_ops
 from ..codec import body_dim, may_hold_bools, parse_options, texts_instead, vectors_from_json
 from ..conditional import (IfMatch, IfNoneMatch, IfNoneMatchStar, alias_answer, alias_write, answer, read_responses,
@@ -182,8 +183,8 @@ async def transfer_steer(ref: RefPath,
 
 @router.get("/steers/{ref}/lens", dependencies=[ReadScope], summary="Singular directions of a steer",
             response_model=SteerLens)
-async def steer_lens(ref: RefPath, state: StateDep, k: int = Query(5, ge=1, le=100),
-                     n_directions: int = Query(4, ge=1, le=1024)):
+async def steer_lens(ref: RefPath, state: StateDep, k: int = Query(5, ge=1, le=MAX_LENS_K),
+                     n_directions: int = Query(4, ge=1, le=MAX_LENS_DIRECTIONS)):
     info = await run_in_threadpool(state.registry.inspect_steer, ref)
     steer = await run_in_threadpool(state.registry.load_steer, info)
     return FastJSONResponse(steer_ops.describe_lens(info, steer, k=k, n_directions=n_directions))

@@ -13,9 +13,10 @@ from conftest import run_cli
 
 from service.api.routers.lm import LMFitRequest, LMGenerateRequest
 from service.api.schemas import SearchOptions
-from service.api.vectordb_schemas import VerificationRequest
+from service.api.vectordb_schemas import MigrationRequest, VerificationRequest
 from service.cli import cli as root
-from service.limits import MAX_CSLS_K, MAX_EF_SEARCH, MAX_NPROBE, MAX_VERIFY_K
+from service.limits import (MAX_CSLS_K, MAX_EF_SEARCH, MAX_LENS_DIRECTIONS, MAX_LENS_K, MAX_MIGRATE_BATCH,
+                            MAX_MIGRATE_PAUSE, MAX_NPROBE, MAX_VERIFY_K, MAX_VERIFY_QUERIES, MAX_VERIFY_SAMPLE)
 from service.ops import lm as lm_ops
 
 #: (CLI command path, option name, HTTP request model, its field, the shared bound)
@@ -91,3 +92,50 @@ def test_the_python_fit_has_the_same_bounds():
         lm_ops.check_fit(lm_ops.LMFit(**spec, rank=1025))
     with pytest.raises(InputError, match="steps must be an integer"):
         lm_ops.check_fit(lm_ops.LMFit(**spec, steps=2.5))
+
+
+#: (CLI command path, option name, its lower bound, HTTP request model, its field, the shared bound): options whose
+#: bound differed from HTTP's (migrate --batch-size 1,000,000 vs 100,000; --pause none vs 60; verify --n-sample /
+#: --queries none vs 100,000 / 10,000)
+BOUNDED = [(("migrate",), "batch_size", 1, MigrationRequest, "batch_size", MAX_MIGRATE_BATCH),
+           (("migrate",), "pause", 0, MigrationRequest, "pause", MAX_MIGRATE_PAUSE),
+           (("verify",), "n_sample", 2, VerificationRequest, "n_sample", MAX_VERIFY_SAMPLE),
+           (("verify",), "n_queries", 1, VerificationRequest, "queries", MAX_VERIFY_QUERIES)]
+
+
+def _param(path, option):
+    cmd = root
+    for name in path:  # a lazy group: its commands load when asked
+        cmd = cmd.get_command(click.Context(cmd), name)
+    return next(p for p in cmd.params if p.name == option)
+
+
+@pytest.mark.parametrize(("path", "option", "low", "model", "field", "bound"), BOUNDED,
+                         ids=[f"{' '.join(p[0])} {p[1]}" for p in BOUNDED])
+def test_migrate_and_verify_options_have_the_http_fields_bounds(path, option, low, model, field, bound):
+    param = _param(path, option)
+    schema = model.model_json_schema()["properties"][field]
+    schema = next((s for s in schema.get("anyOf", []) if "maximum" in s), schema)  # "or null"
+    assert (param.type.min, param.type.max) == (low, bound), (option, param.type)
+    assert (schema["minimum"], schema["maximum"]) == (low, bound), (field, schema)
+
+
+def test_steer_lens_options_have_the_http_querys_bounds(tmp_path):
+    """``steer lens -k`` / ``--directions`` and ``GET /v1/steers/{ref}/lens`` (``k``, ``n_directions``) repeated
+    the numbers 100 / 1024 as literals: one constant each now."""
+    from _api_support import settings_for
+
+    from service.api import create_app
+
+    spec = create_app(settings_for(tmp_path)).openapi()["paths"]["/v1/steers/{ref}/lens"]["get"]
+    query = {p["name"]: p["schema"] for p in spec["parameters"] if p["in"] == "query"}
+    for option, field, bound in (("k", "k", MAX_LENS_K), ("directions", "n_directions", MAX_LENS_DIRECTIONS)):
+        param = _param(("steer", "lens"), option)
+        assert (param.type.min, param.type.max) == (1, bound), (option, param.type)
+        assert (query[field]["minimum"], query[field]["maximum"]) == (1, bound), (field, query[field])
+
+
+def test_a_batch_size_past_the_http_bound_is_exit_2_naming_the_flag(tmp_path, capsys):
+    code, _, err = run_cli(capsys, "--data-dir", tmp_path / "var", "migrate", "--store", f"qdrant://{tmp_path}/qd",
+                           "--source", "a", "--target", "b", "--map", "m", "--batch-size", str(MAX_MIGRATE_BATCH + 1))
+    assert code == 2 and "--batch-size" in err and f"1<=x<={MAX_MIGRATE_BATCH}" in err, err
