@@ -45,15 +45,20 @@ def build_index(conn, create, table: str, wait_s: float) -> None:
 
     own = float(conn.execute("SELECT extract(epoch FROM current_setting('lock_timeout')::interval)").fetchone()[0])
     wait = min(w for w in (float(wait_s), own, float("inf")) if w > 0)
-    try:
-        with conn.transaction():
-            if wait != own and wait != float("inf"):
-                conn.execute(f"SET LOCAL lock_timeout = '{max(1, int(wait * 1000))}ms'")
-            conn.execute(create)
-    except pg_errors.UniqueViolation:  # the other session's build committed while ours waited on its name: kept
-        conn.execute(create)
-    except pg_errors.LockNotAvailable:
-        raise IndexBuildBusyError(_busy(conn, table, wait)) from None
+    for retry in (False, True):
+        try:
+            with conn.transaction():
+                if wait != own and wait != float("inf"):
+                    conn.execute(f"SET LOCAL lock_timeout = '{max(1, int(wait * 1000))}ms'")
+                conn.execute(create)
+            return
+        except pg_errors.UniqueViolation:
+            # the other session's build committed while ours waited on its name: kept by the retry's IF NOT EXISTS,
+            # which waits for the table as boundedly (a writer may have taken it as that build ended)
+            if retry:
+                raise
+        except pg_errors.LockNotAvailable:
+            raise IndexBuildBusyError(_busy(conn, table, wait)) from None
 
 
 def _busy(conn, table: str, wait: float) -> str:

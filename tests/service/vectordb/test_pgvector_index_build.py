@@ -66,6 +66,56 @@ def test_a_build_of_the_same_index_left_running_by_a_killed_run_is_waited_for_no
     assert ids[:, 0].tolist() == [0, 1, 2]
 
 
+def test_the_retry_after_the_other_build_commits_waits_for_the_table_as_boundedly(pg, pg_url):  # noqa: F811
+    """Review: once the other session's build of the same index committed (our build: UniqueViolation on its name),
+    the retried ``CREATE INDEX IF NOT EXISTS`` ran without the bounded wait: a writer that took the table as that
+    build ended held the retry up as long as its transaction lasted. The retry waits ``index_wait_s`` as the first
+    try does, then IndexBuildBusyError naming the writer."""
+    from service.vectordb.pg_index import IndexBuildBusyError
+
+    X = np.random.default_rng(0).standard_normal((200, 8)).astype(np.float32)
+    pg.create("ib_dst", 8)
+    pg.upsert("ib_dst", np.arange(len(X)), X)
+    pg.index_wait_s = 3.0
+    pid = pg.conn.execute("SELECT pg_backend_pid()").fetchone()[0]
+    with psycopg.connect(pg_url, autocommit=True) as dead, psycopg.connect(pg_url, autocommit=True) as watch, \
+            psycopg.connect(pg_url) as writer:
+        dead.execute("BEGIN")
+        dead.execute('CREATE INDEX "ib_dst_hnsw" ON "ib_dst" USING hnsw ("embedding" vector_cosine_ops) '
+                     "WITH (m = 16, ef_construction = 64)")
+        errors: list[BaseException] = []
+
+        def build():
+            try:
+                pg.finalize("ib_dst")
+            except BaseException as e:  # noqa: BLE001 - the test reads it
+                errors.append(e)
+
+        def write():  # queued behind both builds' ShareLock; granted once ours rolls back, before its retry
+            writer.execute("LOCK TABLE ib_dst IN ROW EXCLUSIVE MODE")
+
+        t = threading.Thread(target=build)
+        t.start()
+        for _ in range(2000):  # our build waits on the other build's name
+            if _waiting(watch, pid) or not t.is_alive():
+                break
+            t.join(0.01)
+        w = threading.Thread(target=write)
+        w.start()
+        wpid = writer.info.backend_pid
+        for _ in range(2000):  # the writer waits for the table
+            if _waiting(watch, wpid):
+                break
+            w.join(0.01)
+        dead.execute("COMMIT")
+        t.join(30)  # (the old retry: held until the writer's transaction ends, below, then built nothing new)
+        w.join(60)
+        writer.rollback()
+        t.join(60)
+    assert len(errors) == 1 and isinstance(errors[0], IndexBuildBusyError), errors
+    assert f"pid {wpid}" in str(errors[0]), errors[0]
+
+
 def _opclasses(store, table: str) -> list[str]:
     """The operator class of each HNSW / IVFFlat index of ``table`` (pg_indexes' indexdef leaves a default one out)."""
     return [r[0] for r in store.conn.execute(
