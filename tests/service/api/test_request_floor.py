@@ -366,3 +366,22 @@ def test_a_json_transform_without_query_options_makes_one_options_model(world, m
     queried = c.post(url + "?output=frame", headers=R, json={"vectors": rows})
     assert queried.status_code == 200 and queried.content == plain.content
     assert c.post(url + "?output=frame", headers=R, json={"vectors": rows, "output": "raw"}).status_code == 422
+
+
+def test_a_request_reads_its_settings_without_pydantic_attribute_errors(world, monkeypatch):
+    """``Settings.files`` (read by every key check: a keys file?) was ``self._files``, a private attribute: the plain
+    lookup fails first, so each read made, formatted and caught an AttributeError (~6 µs) before pydantic's
+    ``__getattr__`` found it. Both private attributes are read from pydantic's own dict now, the same values."""
+    from service.config import Settings
+
+    c, app, data = world
+    misses = []
+    real = Settings.__getattr__
+    monkeypatch.setattr(Settings, "__getattr__", lambda self, name: misses.append(name) or real(self, name))
+    assert post(c, body(data["X"][:1])).status_code == 200
+    assert misses == []
+    s = Settings(api_keys={"k": ["read"]})
+    assert s.files == {} and s.local_key_file is None
+    s._files, s._local_key_file = {"api_keys": "/run/keys.json"}, Path("/data/local-key")
+    assert s.files == {"api_keys": "/run/keys.json"} and s.local_key_file == Path("/data/local-key")
+    assert s.model_copy().files == {"api_keys": "/run/keys.json"}
