@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
+import os
 import re
 import time
-import uuid
 from urllib.parse import urlsplit
 
 from ..limits import whole_body_command
@@ -25,7 +25,7 @@ from ..errors import (AuthenticationError, PayloadTooLargeError, PermissionDenie
 from .responses import dumps
 
 __all__ = ["GuardMiddleware", "ObserveMiddleware", "RootPathMiddleware", "BODY_CLASS", "body_limit", "SECURITY_HEADERS",
-           "accepted_hosts", "host_allowed", "host_name", "cross_site", "route_path"]
+           "accepted_hosts", "host_allowed", "host_name", "cross_site", "route_path", "new_request_id"]
 
 _MATCHED_PATHS, _MATCHED_PATH = 4096, 256  # GuardMiddleware remembers the route of this many paths of this length
 _access = get_logger("access")
@@ -39,6 +39,15 @@ SECURITY_HEADERS = ((b"x-content-type-options", b"nosniff"), (b"x-frame-options"
                     (b"referrer-policy", b"no-referrer"))
 _CSP = b"content-security-policy"
 _CSP_NONE = (_CSP, b"default-src 'none'; frame-ancestors 'none'")
+# a version-4 UUID's fixed bits (RFC 4122: version 4, variant 10), as uuid.UUID(version=4) sets them
+_UUID4_KEEP = ~((0xF000 << 64) | (0xC000 << 48))
+_UUID4_SET = (4 << 76) | (0x8000 << 48)
+
+
+def new_request_id() -> str:
+    """A request id: a random version-4 UUID as 32 hex digits, what ``uuid.uuid4().hex`` gives, without the ``UUID``
+    object (its checks and conversions cost ~4 µs of every request; this ~1 µs)."""
+    return "%032x" % (int.from_bytes(os.urandom(16), "big") & _UUID4_KEEP | _UUID4_SET)
 
 
 def route_path(scope) -> str:
@@ -526,7 +535,7 @@ class ObserveMiddleware:
             if k == b"x-request-id":
                 rid = v.decode("latin-1")[:64]
                 break
-        rid = rid or uuid.uuid4().hex
+        rid = rid or new_request_id()
         scope.setdefault("state", {})["request_id"] = rid
         status = 500
         started = False

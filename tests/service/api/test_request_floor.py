@@ -385,3 +385,23 @@ def test_a_request_reads_its_settings_without_pydantic_attribute_errors(world, m
     s._files, s._local_key_file = {"api_keys": "/run/keys.json"}, Path("/data/local-key")
     assert s.files == {"api_keys": "/run/keys.json"} and s.local_key_file == Path("/data/local-key")
     assert s.model_copy().files == {"api_keys": "/run/keys.json"}
+
+
+def test_request_ids_are_random_version_4_uuids():
+    """A request without ``X-Request-ID`` gets a random version-4 UUID as 32 hex digits, as ``uuid.uuid4().hex``
+    gave, made without the ``UUID`` object (~4 µs of every request): every bit but the six fixed ones varies."""
+    import uuid
+
+    from service.api.middleware import new_request_id
+
+    ids = [new_request_id() for _ in range(2000)]
+    assert len(set(ids)) == len(ids)
+    for rid in ids:
+        u = uuid.UUID(hex=rid)
+        assert u.hex == rid and u.version == 4 and u.variant == uuid.RFC_4122
+    ones, zeros = 0, 0
+    for rid in ids:
+        ones |= int(rid, 16)
+        zeros |= ~int(rid, 16) & ((1 << 128) - 1)
+    fixed = (0xF000 << 64) | (0xC000 << 48)
+    assert ones & ~fixed == zeros & ~fixed == ((1 << 128) - 1) & ~fixed
