@@ -23,6 +23,7 @@ from ..metrics import ServiceMetrics
 from ..errors import (AuthenticationError, PayloadTooLargeError, PermissionDeniedError, RequestTimeoutError,
                       ServiceStoppingError)
 from .responses import dumps
+from .waits import within
 
 __all__ = ["GuardMiddleware", "ObserveMiddleware", "RootPathMiddleware", "BODY_CLASS", "body_limit", "SECURITY_HEADERS",
            "accepted_hosts", "host_allowed", "host_name", "cross_site", "route_path", "new_request_id"]
@@ -428,8 +429,7 @@ class GuardMiddleware:
             try:
                 if left <= 0:
                     raise TimeoutError
-                async with asyncio.timeout(left):
-                    msg = await receive()
+                msg = await within(receive(), left)  # no timer when the body has arrived (nearly every small one)
             except TimeoutError:
                 raise RequestTimeoutError(_body_timeout_message(t0, last, seen, wait, rate)) from None
             if msg["type"] == "http.request":

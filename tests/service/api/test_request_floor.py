@@ -405,3 +405,21 @@ def test_request_ids_are_random_version_4_uuids():
         zeros |= ~int(rid, 16) & ((1 << 128) - 1)
     fixed = (0xF000 << 64) | (0xC000 << 48)
     assert ones & ~fixed == zeros & ~fixed == ((1 << 128) - 1) & ~fixed
+
+
+def test_a_body_that_has_arrived_is_read_without_a_timer(world, monkeypatch):
+    """The guard's read of a body message armed ``asyncio.timeout(body_timeout_s)`` (a timer made and cancelled,
+    ~15 µs) around every ``receive()``, though a small body comes with its request's head: a search or transform
+    whose body is there makes no timer now (one that must wait for its body is still bounded:
+    ``tests/reliability/test_hardening.py``, ``test_bounded_waits.py``)."""
+    import asyncio
+
+    c, _, data = world
+    made = []
+    real = asyncio.timeout
+    monkeypatch.setattr(asyncio, "timeout", lambda s: made.append(s) or real(s))
+    x = np.ascontiguousarray(data["X"][:1], np.float32)
+    assert post(c, body(x)).status_code == 200
+    assert c.post("/v1/maps/a2b/transform", content=x.tobytes(),
+                  headers={**R, "content-type": "application/octet-stream"}).status_code == 200
+    assert made == []
