@@ -13,7 +13,7 @@ of a few microseconds.
 Auth: ``Authorization: Bearer <key>``; keys and their scopes come from ``Settings.api_keys``
 (``{"key": ["read", "write"]}``), or from the file ``VECBRIDGE_API_KEYS_FILE`` names, re-read when it changes
 (:mod:`service.api.keyfile`). Scopes are explicit: a ``write``-only key cannot read.
-Every configured key is compared in constant time (``hmac.compare_digest`` on SHA-256 digests,
+Every configured key is compared in constant time (``hmac.compare_digest`` on BLAKE2b digests,
 so neither the content nor the length of a key leaks through timing), keys are never logged,
 and an empty key table refuses everything unless ``auth_disabled=True`` was set on purpose.
 Missing or unknown key: 401; known key without the route's scope: 403.
@@ -74,15 +74,37 @@ VersionPath = Annotated[int, Path(ge=1, le=MAX_VERSION, description="Version num
 
 
 def _digest(s: str) -> bytes:
+    """SHA-256 of a key: a job's owner (:func:`job_owner`, kept in the job records)."""
     return hashlib.sha256(s.encode("utf-8")).digest()
+
+
+def _probe(s: str) -> bytes:
+    """The digest keys are compared by (:func:`scopes_for_token`): BLAKE2b, CPython's own, where OpenSSL's SHA-256
+    (its algorithm fetched per call) cost ~10 µs of each request in the server, twice. Never stored."""
+    return hashlib.blake2b(s.encode("utf-8"), digest_size=32).digest()
+
+
+_KEY_PROBES: tuple = (None, None, ())  # (keys dict, a copy of it, ((_probe(key), scopes), ...)): the last keys seen
+
+
+def _key_probes(keys: dict[str, list[str]]) -> tuple:
+    """``((_probe(key), scopes), ...)`` of ``keys``, made once per key table (the settings', or a keys file's latest
+    read), not once per request; a table changed in place is read again."""
+    global _KEY_PROBES
+    held, copy, probes = _KEY_PROBES
+    if held is keys and copy == keys:
+        return probes
+    probes = tuple((_probe(key), scopes) for key, scopes in keys.items())
+    _KEY_PROBES = (keys, {key: list(scopes) for key, scopes in keys.items()}, probes)
+    return probes
 
 
 def scopes_for_token(token: str, keys: dict[str, list[str]]) -> list[str] | None:
     """Scopes of the key equal to ``token``, or None; compares against every key in constant time."""
-    probe = _digest(token)
+    probe = _probe(token)
     found: list[str] | None = None
-    for key, scopes in keys.items():
-        if hmac.compare_digest(probe, _digest(key)) and found is None:
+    for digest, scopes in _key_probes(keys):
+        if hmac.compare_digest(probe, digest) and found is None:
             found = list(scopes)
     return found
 

@@ -93,6 +93,41 @@ def test_keys_are_compared_in_constant_time():
     assert len(calls) == len(KEYS)
 
 
+def test_a_key_check_hashes_the_sent_key_once_and_each_configured_key_once_per_table(client, monkeypatch):
+    """Each request hashed every configured key again, and the sent one, with OpenSSL's SHA-256 (~10 µs each in a
+    server: its algorithm is fetched per call): the configured keys' digests are made once per key table now, the
+    sent key's with CPython's BLAKE2b, and no SHA-256 is made. A table changed in place, or a new one (a keys file
+    read again), is hashed again: a key removed stops working at once, an added one works."""
+    import hashlib
+
+    c, _ = client
+    assert c.get("/v1/maps", headers=R).status_code == 200  # this table's digests made
+    made = {"sha256": 0, "blake2b": 0}
+    real_sha, real_blake = hashlib.sha256, hashlib.blake2b
+
+    def sha(*a, **k):
+        made["sha256"] += 1
+        return real_sha(*a, **k)
+
+    def blake(*a, **k):
+        made["blake2b"] += 1
+        return real_blake(*a, **k)
+
+    monkeypatch.setattr(deps.hashlib, "sha256", sha)
+    monkeypatch.setattr(deps.hashlib, "blake2b", blake)
+    for _ in range(5):
+        assert c.get("/v1/maps", headers=R).status_code == 200
+    assert made == {"sha256": 0, "blake2b": 10}  # two checks a request (the guard's, the route's): the sent key each
+    keys = dict(KEYS)
+    assert deps.scopes_for_token(READ_KEY, keys) == ["read"]
+    assert made["blake2b"] == 11 + len(KEYS)  # a new table: its keys hashed once
+    keys.pop(READ_KEY)
+    assert deps.scopes_for_token(READ_KEY, keys) is None  # changed in place: read again
+    keys["new-key-7c1d"] = ["read"]
+    assert deps.scopes_for_token("new-key-7c1d", keys) == ["read"]
+    assert deps.scopes_for_token(WRITE_KEY, keys) == KEYS[WRITE_KEY]
+
+
 def test_keys_never_reach_the_logs(client, capfd):
     """The service logs JSON lines to stderr (DEBUG here); no key may appear, not even one sent in a query."""
     c, _ = client
