@@ -19,7 +19,11 @@ __all__ = ["within"]
 
 async def within(coro: Coroutine, seconds: float) -> Any:
     """``await coro``, raising TimeoutError when it has not finished ``seconds`` after it began to wait (as
-    ``asyncio.timeout(seconds)`` around it; ``seconds`` > 0). Nothing is timed when it finishes without waiting."""
+    ``asyncio.timeout(seconds)`` around it; ``seconds`` > 0). Nothing is timed when it finishes without waiting.
+    An awaitable that is not a coroutine (a future) is awaited under the deadline as it is."""
+    if not isinstance(coro, Coroutine):
+        async with asyncio.timeout(seconds):
+            return await coro
     try:
         waiting_on = coro.send(None)
     except StopIteration as done:

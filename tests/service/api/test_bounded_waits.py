@@ -126,3 +126,17 @@ def test_a_cancellation_from_outside_stays_a_cancellation():
 
     assert _run(main()) is True
     assert seen == ["finally"]
+
+
+def test_an_awaitable_that_is_no_coroutine_is_awaited_under_the_deadline(timers):
+    async def main():
+        loop = asyncio.get_running_loop()
+        done = loop.create_future()
+        loop.call_later(0.01, done.set_result, "late")
+        got = await waits.within(done, 5.0)
+        with pytest.raises(TimeoutError):
+            await waits.within(loop.create_future(), 0.02)
+        return got
+
+    assert _run(main()) == "late"
+    assert timers == [5.0, 0.02]
