@@ -52,8 +52,9 @@ class EmbeddingsResponse(BaseModel):
     object: Literal["list"]
     data: list[EmbeddingItem]
     model: str
-    usage: dict[str, int] = Field(..., description="`prompt_tokens` and `total_tokens` (whitespace-separated words, "
-                                                   "an approximation), `truncated`: the texts embedded from their "
-                                                   "first `max_tokens` tokens only (request `truncate`).")
+    usage: dict[str, int] = Field(..., description="`prompt_tokens` and `total_tokens` (the tokens the model read, "
+                                                   "word pieces and specials included: at most `max_tokens` a "
+                                                   "text), `truncated`: the texts embedded from their first "
+                                                   "`max_tokens` tokens only (request `truncate`).")
     target_space: str | None = None
     maps: list[dict[str, Any]] | None = None

@@ -27,7 +27,8 @@ from ..errors import ConflictError
 from ..progress import Progress, silent
 from ..registry import NotFoundError
 
-__all__ = ["FitSide", "check_pairs", "count_cut", "embed", "embed_file", "embed_side", "encode_texts", "fit_side"]
+__all__ = ["FitSide", "check_pairs", "count_cut", "embed", "embed_file", "embed_side", "encode_texts", "fit_side",
+           "tokens_read"]
 
 
 @dataclass
@@ -166,7 +167,8 @@ def embed(services, model: str, texts: list[str], *, kind: str = "passage", targ
     is an InputError. The path is resolved before any encoding (an unknown space or missing path is a 404 at
     once). ``dimensions`` is accepted only when it equals the output width (these models do not truncate).
     ``truncate``, ``one`` (``texts`` is the one string sent): see :func:`count_cut` (checked before any encoding).
-    Returns ``(X (n, d) float32, translation or None, texts cut)``; the translation's ``versions`` are the maps used.
+    Returns ``(X (n, d) float32, translation or None, texts cut, tokens)``; the translation's ``versions`` are the
+    maps used; ``tokens``: :func:`tokens_read` of the texts.
     """
     if map_ref and not target_space:
         raise InputError("`map` names the path into `target_space`; give `target_space` too")
@@ -184,7 +186,17 @@ def embed(services, model: str, texts: list[str], *, kind: str = "passage", targ
     X = encode_texts(enc, texts, kind=kind)
     if tr is not None and tr.map is not None:
         X = tr.map.apply(X, output="raw", validate=False)
-    return X, tr, cut
+    return X, tr, cut, tokens_read(enc, texts, kind=kind)
+
+
+def tokens_read(enc, texts: Sequence[str], *, kind: str = "passage") -> int:
+    """The tokens (word pieces, specials included) encoder ``enc`` reads of ``texts`` as ``kind``: ``usage``'s
+    ``prompt_tokens`` of ``POST /v1/embeddings``, as text-embeddings-inference counts them (the tokens embedded: a
+    text cut at the model's limit counts that many, tokenized no further than its start). An encoder without a
+    count (:meth:`~service.encoders.Encoder.tokens_read` None) is counted in whitespace-separated words."""
+    read = getattr(enc, "tokens_read", None)
+    counts = read(texts, kind) if read is not None else None
+    return int(sum(counts)) if counts is not None else sum(len(t.split()) for t in texts)
 
 
 def encode_texts(enc, texts: list[str], *, kind: str = "passage") -> np.ndarray:

@@ -824,7 +824,8 @@ def test_embed_counts_or_refuses_the_texts_the_model_cuts(vb):
     with ``truncate: false``; the client passes ``truncate`` and sums each batch's ``usage`` (``with_usage``)."""
     long = " ".join(["the quick brown fox jumps over the lazy dog"] * 40)  # ~360 word pieces
     E, usage = vb.embed(["a cat", long], "all-MiniLM-L6-v2", with_usage=True)
-    assert E.shape == (2, 384) and usage["truncated"] == 1 and usage["total_tokens"] == 2 + 360, usage
+    # MiniLM's tokens read: [CLS] a cat [SEP], and the long text's first 256
+    assert E.shape == (2, 384) and usage["truncated"] == 1 and usage["total_tokens"] == 4 + 256, usage
     E2, versions, usage2 = vb.embed(["a cat"], "all-MiniLM-L6-v2", truncate=False, with_versions=True,
                                     with_usage=True)
     assert versions == [] and usage2["truncated"] == 0 and np.allclose(E2, E[:1], atol=1e-6)

@@ -35,8 +35,10 @@ comparable with raw vectors of that space), and `maps` in the answer names the v
 in order, e.g. the earlier answer's `maps` as `name:version`, so every batch of a large text set
 goes through the same versions whatever aliases move meanwhile (a path that does not lead from
 the model's space to `target_space` is a 422); `input_type` = `passage` (default) or `query`.
-`usage.prompt_tokens` counts whitespace-separated words (an approximation: the encoders'
-tokenizers are not consulted for it).
+`usage.prompt_tokens` (and `total_tokens`) counts the tokens the model read, word pieces and
+specials included, as text-embeddings-inference counts them: a text cut at the model's limit
+counts that many (MiniLM 256, mpnet 384); e5 reads all of a text, its `passage: ` / `query: `
+prefix included.
 
 A text longer than the model reads (`max_tokens` of `GET /v1/models`: MiniLM 256, mpnet 384
 word pieces, specials included; e5 reads any length, in windows) is embedded from its start, the
@@ -103,7 +105,7 @@ async def embeddings(body: Annotated[EmbeddingsRequest, Body(openapi_examples=ex
     check_texts(texts, "input", one=isinstance(body.input, str))  # before any model loads: " " embedded as the empty text, one vector for all
     check_batch(len(texts), settings.max_batch)
 
-    X, tr, cut = await state.heavy.run(lambda: embed_ops.embed(state, body.model, texts, kind=body.input_type,
+    X, tr, cut, tokens = await state.heavy.run(lambda: embed_ops.embed(state, body.model, texts, kind=body.input_type,
                                                                 target_space=body.target_space,
                                                                 dimensions=body.dimensions, map_ref=body.map,
                                                                 truncate=body.truncate,
@@ -116,9 +118,8 @@ async def embeddings(body: Annotated[EmbeddingsRequest, Body(openapi_examples=ex
     data = [{"object": "embedding", "index": i,
              "embedding": b64_encode(X[i : i + 1]) if body.encoding_format == "base64" else X[i]}
             for i in range(X.shape[0])]
-    words = sum(len(t.split()) for t in texts)
     out = {"object": "list", "data": data, "model": body.model,
-           "usage": {"prompt_tokens": words, "total_tokens": words, "truncated": cut}}
+           "usage": {"prompt_tokens": tokens, "total_tokens": tokens, "truncated": cut}}
     if tr is not None:
         out["target_space"] = body.target_space
         out["maps"] = tr.describe()

@@ -242,6 +242,28 @@ def test_texts_cut_at_the_models_limit_are_counted_and_truncate_false_refuses_th
         assert r.status_code == 422 and "truncate" in r.json()["error"]["message"], r.text
 
 
+def test_usage_counts_the_tokens_the_model_read_not_words(tmp_path):
+    """``usage.prompt_tokens`` counted whitespace-separated words (an OpenAI or text-embeddings-inference client
+    budgets by tokens): it counts the tokens the model read, specials included, a text cut at the limit as the
+    limit (TEI's count); e5 reads a text whole, ``passage: `` / ``query: `` prefix included. Real encoders."""
+    import pytest
+
+    pytest.importorskip("sentence_transformers")
+    from service.encoders import get_encoder
+
+    texts = ["a cat", LONG, LONG + " and a volcano"]  # 2 + 360 + 363 words; 4 + 256 + 256 MiniLM tokens
+    with TestClient(create_app(settings_for(tmp_path))) as c:
+        r = c.post("/v1/embeddings", headers=R, json={"model": "minilm", "input": texts})
+        assert r.status_code == 200, r.text
+        assert r.json()["usage"] == {"prompt_tokens": 516, "total_tokens": 516, "truncated": 2}, r.json()["usage"]
+        r = c.post("/v1/embeddings", headers=R, json={"model": "minilm", "input": "a cat"})
+        assert r.json()["usage"]["prompt_tokens"] == 4, r.text
+        for kind in ("passage", "query"):
+            r = c.post("/v1/embeddings", headers=R, json={"model": "e5", "input": texts[:2], "input_type": kind})
+            want = sum(get_encoder("e5").tokens_read(texts[:2], kind))
+            assert r.status_code == 200 and r.json()["usage"]["prompt_tokens"] == want > 256 + 5, (r.text[-200:], want)
+
+
 def test_one_string_too_long_is_named_input_not_input_0(tmp_path):
     """``input`` sent as one string, not a list, was refused as ``input[0]`` "(1 of 1 texts are)": it is named as
     sent, ``input``, in the message and in ``details[0].loc``."""
