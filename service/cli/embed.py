@@ -26,18 +26,23 @@ __all__ = ["embed_cmd"]
               help="The registered space the vectors are of (as `index create --space`): registered with --encoder "
                    "when new, as `fit` registers its sides; one registered with another encoder or width, or with none "
                    "(bind one with `spaces add NAME --encoder`), is refused before anything is embedded.")
+@click.option("--truncate/--no-truncate", default=True, show_default=True,
+              help="--no-truncate: refuse a text longer than the encoder reads (MiniLM 256, mpnet 384 word pieces), "
+                   "naming its row, its tokens and the limit, before anything is embedded or written, instead of "
+                   "embedding its start (HTTP's `truncate: false`).")
 @click.argument("texts", type=click.Path(dir_okay=False))
 @click.argument("out", type=click.Path(dir_okay=False))
 @json_opt
 @quiet_opt
 @click.pass_obj
-def embed_cmd(obj: Ctx, texts, out, encoder, kind, rows, text_field, chunk_rows, space, as_json, quiet):
+def embed_cmd(obj: Ctx, texts, out, encoder, kind, rows, text_field, chunk_rows, space, truncate, as_json, quiet):
     """Embed the texts of TEXTS (.txt one per line, .jsonl, .json a list of strings) into OUT (.npy, .fvecs or
     .parquet: float32 unit rows, row i embeds the i-th text), in chunks.
 
     Every selected text is checked (one without text is refused, naming its line) before the first is embedded;
     OUT appears complete or not at all. A long text is cut by MiniLM at 256 word pieces and by mpnet at 384 (the
-    rest unread; a warning counts them, as --json's "truncated"); e5 reads all of it (512-token windows, averaged)."""
+    rest unread; a warning counts them, as --json's "truncated"; --no-truncate refuses it instead, exit 2); e5 reads
+    all of it (512-token windows, averaged)."""
     from ..ops.embeddings import embed_file  # the encoders' packages: imported when a command embeds
     from ..registry.names import check_name
 
@@ -47,7 +52,7 @@ def embed_cmd(obj: Ctx, texts, out, encoder, kind, rows, text_field, chunk_rows,
     progress, close = progress_bar(quiet=quiet, as_json=as_json)
     try:
         res = embed_file(texts, out, encoder=encoder, kind=kind, rows=rows, text_field=text_field,
-                         chunk_rows=chunk_rows, progress=progress,
+                         chunk_rows=chunk_rows, progress=progress, truncate=truncate,
                          ready=None if space is None else lambda enc: new_space.append(_check_space(obj, space, enc)))
     finally:
         close()

@@ -131,11 +131,20 @@ def _translation(services, model: str, target_space: str, map_ref):
     raise first_error
 
 
-def count_cut(enc, texts: Sequence[str], *, truncate: bool = True, what: str = "input", one: bool = False) -> int:
+#: the words of a refusal for the HTTP face's ``truncate``: (the refusing setting, the remedy)
+HTTP_TRUNCATE = ("truncate false", "send truncate true")
+#: and for ``vecbridge embed --no-truncate``
+CLI_TRUNCATE = ("--no-truncate", "drop --no-truncate")
+
+
+def count_cut(enc, texts: Sequence[str], *, truncate: bool = True, what: str = "input", one: bool = False,
+              name: Callable[[int], str] | None = None, words: tuple[str, str] = HTTP_TRUNCATE) -> int:
     """How many of ``texts`` encoder ``enc`` embeds from their first ``enc.max_tokens`` tokens only, the rest unread
     (MiniLM 256, mpnet 384 word pieces; e5 reads every text whole: 0). ``truncate=False``: InputError naming the
-    first such text (``what[i]``; ``what`` itself with ``one``: the caller sent one string, not a list), its tokens
-    and the limit, with ``details`` for a machine, instead of cutting it.
+    first such text (``what[i]``; ``what`` itself with ``one``: the caller sent one string, not a list; ``name(i)``
+    when given: the CLI names a file's row), its tokens and the limit, with ``details`` for a machine, instead of
+    cutting it; ``words``: the face's setting that refuses and its remedy (:data:`HTTP_TRUNCATE`,
+    :data:`CLI_TRUNCATE`).
     The count of ``vecbridge embed`` and ``POST /v1/embeddings``: a text too short in UTF-8 bytes to pass the limit
     is not tokenized, a longer one only as far as decides it (:meth:`~service.encoders.Encoder.too_long`), so the
     count costs about 1% of encoding short texts and a fraction of the tokenizing a long text's encoding does."""
@@ -144,8 +153,9 @@ def count_cut(enc, texts: Sequence[str], *, truncate: bool = True, what: str = "
         i, n, exact = cut[0]
         size = f"{n} tokens long" if exact else f"at least {n} tokens long (counted no further)"
         where, many = (what, "") if one else (f"{what}[{i}]", f" ({len(cut)} of {len(texts)} texts are)")
-        exc = InputError(f"{where} is {size}, more than the {enc.max_tokens} {enc.name} reads{many}; with truncate "
-                         f"false a text is refused, not cut: split it, or send truncate true to embed its first "
+        where = name(i) if name is not None else where
+        exc = InputError(f"{where} is {size}, more than the {enc.max_tokens} {enc.name} reads{many}; with "
+                         f"{words[0]} a text is refused, not cut: split it, or {words[1]} to embed its first "
                          f"{enc.max_tokens} tokens")
         exc.details = [{"loc": ["body", what] if one else ["body", what, i], "type": "too_many_tokens",
                         "msg": f"{'' if exact else 'at least '}{n} tokens, more than {enc.max_tokens}",
@@ -207,7 +217,7 @@ def encode_texts(enc, texts: list[str], *, kind: str = "passage") -> np.ndarray:
 
 def embed_file(inp, out, *, encoder: str, kind: str = "passage", rows=None, text_field: str = "text",
                chunk_rows: int = 1024, progress: Progress | None = None,
-               ready: Callable[[object], None] | None = None) -> dict:
+               ready: Callable[[object], None] | None = None, truncate: bool = True) -> dict:
     """Embed the texts of file ``inp`` (.txt one per line, .jsonl ``text_field``, .json a list of strings; ``rows``
     ``"START:STOP"`` or row indices, in that order) with ``encoder`` as ``kind`` (``passage`` or ``query``: e5's
     prefixes) into ``out`` (.npy, .fvecs, .parquet: float32 unit rows, row i = the i-th text selected),
@@ -217,7 +227,9 @@ def embed_file(inp, out, *, encoder: str, kind: str = "passage", rows=None, text
     the texts checked, before anything is embedded or written, may refuse by raising (``embed --space``'s registry
     check: a bad input leaves no registry made for nothing). Returns ``{"encoder", "kind", "rows", "dim", "out",
     "truncated", "max_tokens"}``: ``out`` absolute; ``truncated`` texts longer than the encoder's ``max_tokens``
-    (None: it reads every text whole) were embedded from their start only."""
+    (None: it reads every text whole) were embedded from their start only. ``truncate=False`` (``--no-truncate``,
+    HTTP's ``truncate: false``): such a text is refused (:func:`count_cut`, its file row named) before ``ready`` and
+    before anything is embedded or written."""
     from ..io import STREAM_SUFFIXES, TEXT_SUFFIXES, FormatError, check_not_input, is_text_path, read_texts
     from ..storage import check_writable
     from ..tables import MappedWriter
@@ -237,6 +249,9 @@ def embed_file(inp, out, *, encoder: str, kind: str = "passage", rows=None, text
     texts = read_texts(inp, rows=rows, text_field=text_field)  # each checked: one without text is refused here
     if not texts:
         raise EmptyInputError(f"{Path(inp).name}: no texts to embed")
+    if not truncate:
+        count_cut(enc, texts, truncate=False, words=CLI_TRUNCATE,
+                  name=lambda i: f"{Path(inp).name}: {_file_row(inp, rows, i, text_field)}")
     if ready is not None:
         ready(enc)
     say = progress or silent
@@ -250,3 +265,18 @@ def embed_file(inp, out, *, encoder: str, kind: str = "passage", rows=None, text
             say("embed", min(1.0, (s + chunk_rows) / len(texts)))
     return {"encoder": enc.name, "kind": kind, "rows": len(texts), "dim": enc.dim, "out": str(Path(out).resolve()),
             "truncated": cut, "max_tokens": enc.max_tokens}
+
+
+def _file_row(inp, rows, i: int, text_field: str) -> str:
+    """The row of text file ``inp`` (as ``--rows`` counts them) that the ``i``-th text ``rows`` selects is, named
+    (a .txt's line too): a refusal names the file's row, not the text's place in the selection."""
+    from ..io import count_rows, parse_rows, resolve_rows
+
+    rows = parse_rows(rows)
+    if isinstance(rows, np.ndarray):
+        row = int(rows[i])
+    elif rows is None or rows[0] is None or rows[0] >= 0:
+        row = (0 if rows is None else rows[0] or 0) + i
+    else:  # counted from the end: the file's rows counted (a refusal's cost only)
+        row = resolve_rows(rows, count_rows(inp, text_field=text_field), inp).start + i
+    return f"row {row}" + (f" (line {row + 1})" if Path(inp).suffix.lower() == ".txt" else "")

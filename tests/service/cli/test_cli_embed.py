@@ -258,3 +258,36 @@ def test_embed_counts_the_texts_minilm_cuts(capsys, encoders, texts):
     assert (json.loads(out)["truncated"], json.loads(out)["max_tokens"]) == (0, None)
     e = np.load(texts / "e.npy")
     assert float(e[0] @ e[2]) < 0.9999  # e5 read the end too
+
+
+def test_embed_no_truncate_refuses_a_text_the_model_would_cut(capsys, encoders, texts):
+    """HTTP's ``truncate: false`` had no CLI twin: `embed` cut a long text (with a warning) whatever the caller
+    needed. ``--no-truncate`` refuses the first such text with the HTTP words, naming its row of the file (as --rows
+    counts: not its place in the selection; a .txt's line too), before anything is embedded, written or registered;
+    exit 2. Texts the model reads whole pass, and e5 (no limit) refuses none."""
+    long = " ".join(["the quick brown fox jumps over the lazy dog"] * 40)  # 362 MiniLM tokens
+    (texts / "long.json").write_text(json.dumps(["a cat", long, long + " and a volcano"]))
+    (texts / "long.txt").write_text(f"a cat\n{long}\n")
+    np.save(texts / "rows.npy", np.array([2, 0], dtype=np.int64))
+    tail = ("is 362 tokens long, more than the 256 all-MiniLM-L6-v2 reads (2 of 3 texts are); with --no-truncate a "
+            "text is refused, not cut: split it, or drop --no-truncate to embed its first 256 tokens")
+    var = texts / "var"
+    for args, where in ((["long.json"], f"long.json: row 1 {tail}"),
+                        (["--rows", "1:3", "long.json"], "long.json: row 1 is 362 tokens long"),
+                        (["--rows", "-1:", "long.json"], "long.json: row 2 is 365 tokens long"),
+                        (["--rows", texts / "rows.npy", "long.json"], "long.json: row 2 is 365 tokens long"),
+                        (["long.txt"], "long.txt: row 1 (line 2) is 362 tokens long")):
+        *opts, name = args
+        code, out, err = run(capsys, "--data-dir", var, "embed", "--encoder", "minilm", "--no-truncate", "--space",
+                             "s", *opts, texts / name, texts / "o.npy", "--quiet")
+        assert code == 2 and out == "" and where in err, (args, err)
+        assert not (texts / "o.npy").exists() and not var.exists()  # nothing embedded, written or registered
+    code, out, err = run(capsys, "embed", "--encoder", "minilm", "--no-truncate", "--rows", "0:1", texts / "long.json",
+                         texts / "o.npy", "--json")
+    assert code == 0 and json.loads(out)["truncated"] == 0 and "warning" not in err, err
+    code, out, err = run(capsys, "embed", "--encoder", "e5", "--no-truncate", texts / "long.json", texts / "e.npy",
+                         "--json")
+    assert code == 0 and json.loads(out)["rows"] == 3, err
+    code, out, err = run(capsys, "embed", "--encoder", "minilm", "--truncate", texts / "long.json", texts / "m.npy",
+                         "--json")
+    assert code == 0 and json.loads(out)["truncated"] == 2, err  # the default, as before
