@@ -155,8 +155,8 @@ def _mixed(n: int, seed: int) -> list[str]:
     rng = random.Random(seed)
     parts = ["the ", "quick ", "naïve ", "가나다", "中文字", "İ", "\u0ddc", "\U0001d160", "x" * 120 + " ", "!?,.",
              "\u200b", " ", "\n", "supercalifragilistic ", "ß", "ﬁ", "日本語 ", "a\u0301", "😀"]
-    texts = ["".join(rng.choice(parts) for _ in range(rng.randint(1, rng.choice([50, 150, 300, 1200, 3000]))))
-             for _ in range(n)]
+    sizes = [50, 150, 300, 1200, 3000]
+    texts = ["".join(rng.choice(parts) for _ in range(rng.randint(1, rng.choice(sizes)))) for _ in range(n)]
     return [t if t.strip() else "x" for t in texts]
 
 
