@@ -222,7 +222,7 @@ def retention(I_mapped: np.ndarray, I_native: np.ndarray) -> float:
 
 
 def cross_val_top1(X_src, Y_tgt, fit, *, folds: int = 5, max_pool: int = 1000, max_rows: int = 20000,
-                   random_state=0) -> dict:
+                   random_state=0, groups=None, fit_rows: bool = False) -> dict:
     """Held-out top-1 of the maps ``fit(X, Y) -> map`` makes, by ``folds``-fold cross-validation.
 
     ``X_src`` (n, d_s) / ``Y_tgt`` (n, d_t) paired rows; at most ``max_rows`` of them (a random sample) take part.
@@ -233,17 +233,30 @@ def cross_val_top1(X_src, Y_tgt, fit, *, folds: int = 5, max_pool: int = 1000, m
     measure the same thing. Unlike the training top-1 it does not reward a map that memorises its pairs: the
     folds split the distinct pairs, every copy of a pair on one side (:func:`align.validation.pair_groups`).
 
+    Pairs too many to copy (rows memory-mapped from files, each checked once as it was read): ``groups`` is their
+    :func:`~align.validation.pair_groups` found upstream (``(first, group)``; ``(np.arange(n), None)``: all
+    distinct), and ``X_src`` / ``Y_tgt`` are then taken as checked (float32, finite, paired) and read at the
+    held-out rows only, never whole; ``fit_rows``: ``fit(rows)`` is given the sorted indices of a fold's training
+    pairs and fits them itself (reading them in blocks), instead of ``fit(X_src[rows], Y_tgt[rows])``. The same
+    folds, so the same figure for the same maps.
+
     Returns ``{"top1", "n_candidates" (mean pool size), "folds", "n_rows"}``; TooFewRowsError below
     ``2 * folds`` rows. Same ``random_state``, same folds.
     """
     check_callable("fit", fit, optional=False)
-    X, Y = check_paired(X_src, Y_tgt, names=("X_src", "Y_tgt"))
+    check_flag("fit_rows", fit_rows)
     folds = check_count("folds", folds, lo=2)  # 1 left no rows to fit on, 0 reached np.array_split
     max_pool, max_rows = check_count("max_pool", max_pool), check_count("max_rows", max_rows, lo=2 * folds)
-    # distinct pairs are split (pair_groups): a held-out copy of a training pair scored memorisation (ridge of 1e-6
-    # on 300 pairs, half of them twice: 0.86, against 0.29 on 450 distinct pairs); each group's first row is ranked
-    groups = pair_groups(X, Y)
-    first, group = (np.arange(X.shape[0]), None) if groups is None else groups
+    if groups is None:
+        X, Y = check_paired(X_src, Y_tgt, names=("X_src", "Y_tgt"))
+        # distinct pairs are split (pair_groups): a held-out copy of a training pair scored memorisation (ridge of
+        # 1e-6 on 300 pairs, half of them twice: 0.86, against 0.29 on 450 distinct pairs); each group's first row
+        # is ranked
+        groups = pair_groups(X, Y)
+        first, group = (np.arange(X.shape[0]), None) if groups is None else groups
+    else:
+        X, Y = X_src, Y_tgt
+        first, group = _given_groups(groups, X, Y)
     if first.size < 2 * folds:
         raise TooFewRowsError(f"{folds}-fold cross-validation needs at least {2 * folds} distinct pairs, got "
                               f"{first.size}")
@@ -254,7 +267,7 @@ def cross_val_top1(X_src, Y_tgt, fit, *, folds: int = 5, max_pool: int = 1000, m
         train = np.setdiff1d(rows, part)
         if group is not None:  # every copy of a training pair, as the data weighs it
             train = np.flatnonzero(np.isin(group, group[train]))
-        m = fit(X[train], Y[train])
+        m = fit(train) if fit_rows else fit(X[train], Y[train])
         check_map(m, "fit must return a map")  # None was an AttributeError
         for chunk in np.array_split(part, -(-part.size // max_pool)):
             Q = check_no_zero_rows(unit_rows(m.apply(X[chunk], output="linear", validate=False)), name="mapped X_src",
@@ -264,6 +277,29 @@ def cross_val_top1(X_src, Y_tgt, fit, *, folds: int = 5, max_pool: int = 1000, m
             pools += [chunk.size] * chunk.size
     return {"top1": hits / rows.size, "n_candidates": round(float(np.mean(pools))), "folds": int(folds),
             "n_rows": int(rows.size)}
+
+
+def _given_groups(groups, X, Y) -> tuple[np.ndarray, np.ndarray | None]:
+    """``(first, group)`` given to :func:`cross_val_top1` for the paired rows ``X`` / ``Y`` (shapes only read), checked
+    as :func:`~align.validation.pair_groups` gives them."""
+    shapes = [getattr(A, "shape", ()) for A in (X, Y)]
+    if any(len(sh) != 2 for sh in shapes) or shapes[0][0] != shapes[1][0]:
+        raise ShapeError(f"X_src and Y_tgt must be paired 2-D rows, got shapes {shapes[0]} and {shapes[1]}")
+    n = shapes[0][0]
+    try:
+        first, group = groups
+    except (TypeError, ValueError):
+        raise InputError("groups must be (first, group), as align.validation.pair_groups gives them") from None
+    first = np.asarray(first)
+    ok = first.ndim == 1 and first.dtype.kind in "iu" and (first.size == 0 or 0 <= first.min() <= first.max() < n)
+    if group is not None:
+        group = np.asarray(group)
+        ok = (ok and group.shape == (n,) and group.dtype.kind in "iu"
+              and (n == 0 or 0 <= group.min() <= group.max() < first.size))
+    if not ok:
+        raise InputError(f"groups must be (first, group) of {n} paired rows, as align.validation.pair_groups gives "
+                         f"them")
+    return first, group
 
 
 def top1_at(top1: float, pool: int, reference: int = 1000, n_queries: int | None = None) -> float:

@@ -790,6 +790,46 @@ def test_cross_val_top1_scores_held_out_rows_not_memorised_ones(rng):
         align.cross_val_top1(np.vstack([X[:5]] * 4), np.vstack([Y[:5]] * 4), ridge)
 
 
+def test_cross_val_top1_of_rows_it_does_not_copy_is_the_same_figure(rng):
+    """Pairs too many to copy (memory-mapped files): ``groups`` found upstream and ``fit_rows`` (the fold's training
+    rows fitted by the caller from its files) give the folds and the figure of the default, with repeated pairs
+    too; the held-out rows alone are read (``X_src[rows]``: a 2-D float32 array is all it needs). Before, the
+    whole rows were checked, grouped (np.unique of every row) and each fold's training rows copied."""
+    d = 24
+    X = rng.normal(size=(400, d)).astype(np.float32)
+    Y = (X @ np.linalg.qr(rng.normal(size=(d, d)))[0] + 0.8 * rng.normal(size=X.shape)).astype(np.float32)
+    X, Y = np.vstack([X, X[:120]]), np.vstack([Y, Y[:120]])  # 120 pairs twice
+
+    class Rows:  # rows read when indexed, and counted: never whole
+        def __init__(self, A):
+            self.A, self.shape, self.read = A, A.shape, []
+
+        def __getitem__(self, rows):
+            self.read.append(len(rows))
+            return self.A[rows]
+
+    want = align.cross_val_top1(X, Y, align.fit_procrustes, random_state=3)
+    fitted = []
+
+    def fit(rows):
+        fitted.append(rows)
+        return align.fit_procrustes(X[rows], Y[rows])
+
+    R, S = Rows(X), Rows(Y)
+    got = align.cross_val_top1(R, S, fit, random_state=3, groups=align.validation.pair_groups(X, Y), fit_rows=True)
+    assert got == want and len(fitted) == 5 and sum(R.read) == sum(S.read) == want["n_rows"]
+    assert all(np.all(np.diff(rows) > 0) for rows in fitted)  # sorted training rows, every copy of a pair
+    first = np.arange(400)
+    plain = align.cross_val_top1(X[:400], Y[:400], align.fit_procrustes, random_state=3)
+    assert plain == align.cross_val_top1(X[:400], Y[:400], lambda rows: align.fit_procrustes(X[rows], Y[rows]),
+                                         random_state=3, groups=(first, None), fit_rows=True)
+    for bad in ((first,), (first + 400, None), (first, np.zeros(3, int)), "groups"):
+        with pytest.raises(InputError, match="groups must be"):
+            align.cross_val_top1(X[:400], Y[:400], align.fit_procrustes, groups=bad)
+    with pytest.raises(InputError, match="fit_rows"):
+        align.cross_val_top1(X[:400], Y[:400], align.fit_procrustes, fit_rows="yes")
+
+
 def test_top1_at_puts_pools_of_any_size_on_one_scale():
     assert align.metrics.top1_at(0.97, 1000) == pytest.approx(0.97, abs=1e-3)
     assert align.metrics.top1_at(1.0, 1000) == 1.0 and align.metrics.top1_at(0.0, 2) == 0.0
