@@ -488,16 +488,17 @@ store_opts = _stack(
 )
 
 
-def read_pair(o: dict, progress):
-    """``(X, Y, inputs)`` from the :func:`input_opts` values; ``inputs`` records paths, rows, encoders, shapes."""
+def read_pair(o: dict, progress, stream=None):
+    """``(X, Y, inputs)`` from the :func:`input_opts` values; ``inputs`` records paths, rows, encoders, shapes.
+    ``stream``: these inputs' :class:`~service.ops.fit_stream.PairFiles`, whose memory maps are X and Y (unread)."""
     src_rows = o["rows"] if o["source_rows"] is None else o["source_rows"]  # no `or`: row indices are an array
     tgt_rows = o["rows"] if o["target_rows"] is None else o["target_rows"]
-    X = read_vectors(o["source"], rows=src_rows, key=o["source_key"], column=o["source_column"],
-                     encoder=o["source_encoder"], text_field=o["text_field"], encoder_option="--source-encoder",
-                     progress=lambda f: progress("embed source", f))
-    Y = read_vectors(o["target"], rows=tgt_rows, key=o["target_key"], column=o["target_column"],
-                     encoder=o["target_encoder"], text_field=o["text_field"], encoder_option="--target-encoder",
-                     progress=lambda f: progress("embed target", f))
+    X = stream.X if stream else read_vectors(
+        o["source"], rows=src_rows, key=o["source_key"], column=o["source_column"], encoder=o["source_encoder"],
+        text_field=o["text_field"], encoder_option="--source-encoder", progress=lambda f: progress("embed source", f))
+    Y = stream.Y if stream else read_vectors(
+        o["target"], rows=tgt_rows, key=o["target_key"], column=o["target_column"], encoder=o["target_encoder"],
+        text_field=o["text_field"], encoder_option="--target-encoder", progress=lambda f: progress("embed target", f))
     inputs = {"source": {"path": str(Path(o["source"]).resolve()), "rows": rows_record(src_rows),
                          "encoder": o["source_encoder"], "shape": list(X.shape)},
               "target": {"path": str(Path(o["target"]).resolve()), "rows": rows_record(tgt_rows),

@@ -22,6 +22,7 @@ from align.plan import last_migrated
 
 from ..indexes.csls import CSLS_WEIGHT
 from ..io import check_not_input, count_rows, parse_rows, read_vectors, resolve_rows
+from ..ops.fit_stream import pair_files
 from ..ops.maps import SUPERVISED, run_fit, unreliable_note
 from ..ops.transform import transform_file
 from ..ops.plans import EVAL_MAX_QUERIES, evaluate_map, gate_zero_note, plan
@@ -115,7 +116,9 @@ def fit(obj: Ctx, paired, seed_pairs, method, params, name, source_space, target
             for side, space in (("source", source_space), ("target", target_space)):
                 io_opts[f"{side}_encoder"] = check_text_encoder(obj.registry, io_opts[side], space,
                                                                 io_opts[f"{side}_encoder"])
-            X, Y, inputs = read_pair(io_opts, progress)
+            # a closed-form fit of two float32 .npy files is streamed from them (the same map), not read whole
+            stream = pair_files(io_opts, method=method, params=parse_kv(params), paired=paired, ray_address=ray_address)
+            X, Y, inputs = read_pair(io_opts, progress, stream)
             rest = _read_unpaired(unpaired, X.shape[1], Y.shape[1], inputs)
             seeds = None
             if seed_pairs is not None:
@@ -129,7 +132,7 @@ def fit(obj: Ctx, paired, seed_pairs, method, params, name, source_space, target
                             paired=paired, seed_pairs=seeds, random_state=random_state, alias=alias,
                             progress=progress, description=description, tags=parse_kv(tags, "tag", raw=True),
                             inputs=inputs, artifact_format=artifact_format, report_copy=report_copy, ray_address=ray_address,
-                            ray_shard_rows=shard_rows, threads=threads, notes=notes, **rest)
+                            ray_shard_rows=shard_rows, threads=threads, notes=notes, stream=stream, **rest)
         finally:
             close()
     for w in caught:  # soft numerical trouble (e.g. an unreliable unsupervised fit): one line each

@@ -57,7 +57,7 @@ log = get_logger("maps")  # the ``vecbridge`` tree: JSON lines under serve (``se
 def fit_map(X: np.ndarray, Y: np.ndarray, *, method: str, params: dict, paired: bool, seed_pairs=None,
             random_state=0, progress: Progress | None = None,
             ray_address: str | None = None, ray_shard_rows: int = 262144,
-            threads: int = 1, unpaired: dict | None = None) -> align.LinearMap | align.ClusterMap:
+            threads: int = 1, unpaired: dict | None = None, stream=None) -> align.LinearMap | align.ClusterMap:
     """Fit a map with ``method``: an :class:`align.LinearMap`, or an :class:`align.ClusterMap` from ``cluster``
     (or ``auto`` when the per-cluster family wins on held-out pairs); typed InputError for bad combinations.
 
@@ -66,7 +66,8 @@ def fit_map(X: np.ndarray, Y: np.ndarray, *, method: str, params: dict, paired: 
     an unsupervised / seeded minivec2vec fit with its row-block kernels as Ray tasks (the same map).
     ``threads`` > 1 runs those row-block kernels on that many threads of this process instead
     (:func:`align.blocks.thread_pool`; the same map, bit for bit). ``unpaired``: ``{"unpaired_source": U, ...}``
-    for a migration method (:mod:`service.ops.unpaired`).
+    for a migration method (:mod:`service.ops.unpaired`). ``stream``: ``X`` / ``Y`` are the memory maps of
+    :class:`~service.ops.fit_stream.PairFiles`, a closed-form fit streamed from its files (the same map).
     """
     params = dict(params or {})
     unpaired = dict(unpaired or {})
@@ -97,7 +98,7 @@ def fit_map(X: np.ndarray, Y: np.ndarray, *, method: str, params: dict, paired: 
                           for a in range(0, X.shape[0], ray_shard_rows)]
                 return fit_stats_ray(shards, method=method, address=None if ray_address == "local" else ray_address,
                                      **params)
-            return fn(X, Y, **params)
+            return fn(X, Y, **params) if stream is None else stream.fit(method, params)
         except TypeError as exc:
             raise InputError(f"bad parameter for {method}: {exc}") from None
     est = _minivec2vec(params, random_state)
@@ -147,13 +148,14 @@ def _heldout_verdict(held: dict) -> dict:
     return {"reliable": True} if doubt is None else {"reliable": False, "unreliable_reason": doubt}
 
 
-def _heldout_top1(map_, X, Y, method: str, params: dict, random_state) -> dict:
+def _heldout_top1(map_, X, Y, method: str, params: dict, random_state, stream=None) -> dict:
     """The held-out top-1 that path choice ranks maps by (:meth:`Registry.quality`), not the training top-1,
     which rewards a map that memorises its pairs (on WordNet minilm→e5 a ridge map of 1,000 pairs scored 1.000 on
     its training pairs and 0.931 held out, and was chosen over a Procrustes map of 2,000 pairs: 0.9985 / 0.972).
     A migration fit's own held-out split (the chosen family's query-side top-1), else 5-fold cross-validation of
-    a closed-form fit (:func:`align.cross_val_top1`: the same pool, a fifth of the pairs up to 1,000); ``{}``
-    when neither applies (fewer than 10 pairs; a migration fit too small to hold pairs out)."""
+    a closed-form fit (:func:`align.cross_val_top1`: the same pool, a fifth of the pairs up to 1,000; ``stream``:
+    its folds fitted from the files); ``{}`` when neither applies (fewer than 10 pairs; a migration fit too small to
+    hold pairs out)."""
     sel = map_.metadata.get("selection") or {}
     chosen = (sel.get("candidates") or {}).get(sel.get("chosen")) or {}
     if isinstance(chosen.get("query_recall@1"), (int, float)):
@@ -164,7 +166,10 @@ def _heldout_top1(map_, X, Y, method: str, params: dict, random_state) -> dict:
         return {}
     fn = _CLOSED_FORM[method]
     try:
-        cv = align.cross_val_top1(X, Y, lambda a, b: fn(a, b, **params), random_state=random_state or 0)
+        cv = (align.cross_val_top1(X, Y, lambda a, b: fn(a, b, **params), random_state=random_state or 0)
+              if stream is None else
+              align.cross_val_top1(X, Y, lambda rows: stream.fit(method, params, rows), random_state=random_state or 0,
+                                   groups=stream.groups(), fit_rows=True))
     except align.exceptions.VecbridgeError:  # a fold the family cannot fit (e.g. no signal in it)
         return {}
     return {"heldout_top1": cv["top1"], "heldout_n_candidates": cv["n_candidates"], "heldout_n_queries": cv["n_rows"],
@@ -217,7 +222,7 @@ def run_fit(registry: Registry, *, name: str, source, target, method: str, param
             inputs: dict | None = None, artifact_format: str | None = None,
             report_copy=None, ray_address: str | None = None, report: bool = True, threads: int = 1,
             ray_shard_rows: int = 262144, notes: list[str] | None = None, unpaired_source=None,
-            unpaired_target=None) -> VersionInfo:
+            unpaired_target=None, stream=None) -> VersionInfo:
     """Fit, diagnose, report and register one map version.
 
     Parameters
@@ -244,6 +249,8 @@ def run_fit(registry: Registry, *, name: str, source, target, method: str, param
                                  (:meth:`Registry.default_change_note`; an ``alias`` not moved, below)
     unpaired_source : array (k, d_s); unpaired_target : array (l, d_t), optional   more rows of one model beside
                                  the pairs (:mod:`service.ops.unpaired`; the migration methods only)
+    stream : PairFiles, optional  ``source`` / ``target`` are its memory maps: checked and hashed by its scan, fitted
+                                 and cross-validated from its files (:mod:`service.ops.fit_stream`), never read whole
 
     An ``alias`` is not moved to a fit flagged unreliable (``metrics["reliable"]`` False): a pinned alias wins
     over the "never chosen for a path" rule, so a failed refit with ``--alias prod`` replaced the production map
@@ -269,8 +276,8 @@ def run_fit(registry: Registry, *, name: str, source, target, method: str, param
                      "pairs use a paired method, or give a few as seed pairs")
 
     with st.stage("validate", timing="validate + hash"):
-        X = as_matrix(source, name="source")
-        Y = as_matrix(target, name="target")
+        X = as_matrix(source, name="source") if stream is None else source  # a stream's: checked as scanned
+        Y = as_matrix(target, name="target") if stream is None else target
         if paired and X.shape[0] != Y.shape[0]:
             raise align.PairCountError(f"paired fit needs as many source rows as target rows, got {X.shape[0]} "
                                        f"and {Y.shape[0]}")
@@ -285,7 +292,8 @@ def run_fit(registry: Registry, *, name: str, source, target, method: str, param
             warnings.warn(note, VecbridgeWarning, stacklevel=2)
         rest = check_unpaired((X.shape[1], Y.shape[1]), unpaired_source=unpaired_source,
                               unpaired_target=unpaired_target)
-        hashes = {"source": sha256_array(X), "target": sha256_array(Y), **{k: sha256_array(U) for k, U in rest.items()}}
+        hashes = ({"source": sha256_array(X), "target": sha256_array(Y)} if stream is None else stream.scan()["hashes"])
+        hashes.update({k: sha256_array(U) for k, U in rest.items()})
         if seed_pairs is not None:
             i_s, i_t = (np.asarray(a).reshape(-1) for a in seed_pairs)
             hashes["seed_pairs"] = sha256_array(np.stack([i_s, i_t], axis=1).astype(np.float32))
@@ -293,13 +301,14 @@ def run_fit(registry: Registry, *, name: str, source, target, method: str, param
     with st.stage("fit"):
         map_ = fit_map(X, Y, method=method, params=params, paired=paired, seed_pairs=seed_pairs,
                        random_state=random_state, progress=st.sub("fit"), ray_address=ray_address, threads=threads,
-                       ray_shard_rows=ray_shard_rows, unpaired=rest)
+                       ray_shard_rows=ray_shard_rows, unpaired=rest, stream=stream)
 
+    Xs, Ys = (X, Y) if stream is None else stream.readers()  # the stages below read samples (a stream: from files)
     with st.stage("diagnostics"):
         rng = np.random.default_rng(0 if random_state is None else random_state)
-        metrics, cosines, clouds = _diagnose(map_, X, Y, paired, rng)
+        metrics, cosines, clouds = _diagnose(map_, Xs, Ys, paired, rng)
         if paired:
-            held = _heldout_top1(map_, X, Y, method, params, random_state)
+            held = _heldout_top1(map_, Xs, Ys, method, params, random_state, stream)
             metrics.update(held)
             if metrics.get("reliable") is not False and method in SUPERVISED:  # minivec2vec never saw the pairs
                 metrics.update(_heldout_verdict(held))
@@ -336,7 +345,7 @@ def run_fit(registry: Registry, *, name: str, source, target, method: str, param
                        "alias": f"{held_back} (not moved: the fit is unreliable)" if held_back else alias or "",
                        "created": datetime.now(timezone.utc).isoformat(timespec="seconds")}
             html_text, report_file, report_rel = fit_report(
-                registry, name, X, Y, summary=summary, metrics=metrics, timings={**st.timings, **inner_timings(diag)},
+                registry, name, Xs, Ys, summary=summary, metrics=metrics, timings={**st.timings, **inner_timings(diag)},
                 diag=diag, cosines=cosines, clouds=clouds, paired=paired, rng=rng, report_dir=report_dir,
                 notes=notes, progress=st.sub("report"))
 
