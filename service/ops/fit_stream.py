@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from align.exceptions import InputError
-from align.procrustes import check_closed_form_params, map_from_stats
+from align.procrustes import check_closed_form_params, fit_lowrank, fit_procrustes, fit_ridge, map_from_stats
 from align.validation import pair_groups
 
 from ..distributed import pair_stats_local
@@ -166,7 +166,12 @@ class PairFiles:
 
     def fit(self, method: str, params: dict, rows: np.ndarray | None = None):
         """The ``method`` map (:data:`STREAM_METHODS`; ``params`` as ``align.fit_<method>`` takes them) of the pairs,
-        or of the pairs ``rows``: the library's streamed fit over :meth:`shards`."""
+        or of the pairs ``rows``: the library's streamed fit over :meth:`shards`. Fewer ``rows`` than the source is
+        wide (a small cross-validation fold) are fitted in memory, as before: ``align.fit_<method>`` solves the dual
+        system on rows it holds, which merged statistics no longer hold."""
+        if rows is not None and rows.size < self.X.shape[1]:
+            fit = {"procrustes": fit_procrustes, "ridge": fit_ridge, "lowrank": fit_lowrank}[method]
+            return fit(self.source.take(rows), self.target.take(rows), **params)
         params = dict(params)
         normalize = params.pop("normalize", True)
         params.pop("center", None)  # True: pair_files streams no other
