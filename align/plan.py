@@ -158,8 +158,8 @@ class LabelledProbe:
 
     FRACTIONS = np.array([0.125, 0.25, 0.5, 1.0])
 
-    def __init__(self, queries, old_queries, relevant, A: np.ndarray, B: np.ndarray):
-        Q, self.rel = check_labelled_queries(queries, relevant, A.shape[0], dim=B.shape[1], rows="probe")
+    def __init__(self, queries, old_queries, relevant, A: np.ndarray, B: np.ndarray, rows: str = "probe"):
+        Q, self.rel = check_labelled_queries(queries, relevant, A.shape[0], dim=B.shape[1], rows=rows)
         self.Q = unit_rows(Q)
         self.Qo = unit_rows(check_same_queries(old_queries, Q.shape[0], dim=A.shape[1]))
         self.A, self.B = A, B
@@ -321,7 +321,9 @@ def plan_migration(X_old, probe_src, probe_tgt, *, random_state=0, target_retent
         (q, d_t) and old-model (q, d_s) vectors of the same queries and the probe row of each one's
         relevant document. With them the curve's statistic is their labelled R@10 retention estimated
         for the whole ``X_old`` (all of it: ``distractors`` does not apply), the one
-        ``vecbridge eval --queries`` measures after the fit, instead of the ``nn_retention`` proxy.
+        ``vecbridge eval --queries --old-corpus`` (:func:`align.corpus_retention`) measures after the fit, instead
+        of the ``nn_retention`` proxy (over the held-out documents alone, ``eval`` without ``--old-corpus``, the
+        retention is higher: fewer rows compete).
     old_is_sample : ``X_old`` is a sample of a corpus of unknown size (a fit report's plan, made from the fit's
         own rows): no K then counts as re-embedding the whole corpus (see 3.).
     progress : callable(stage: str, fraction: float), optional

@@ -310,9 +310,11 @@ class APICalls(EmbedCalls, SteerCalls, TagCalls, Calls):
     def evaluate(self, ref: str, source, target, *, queries=None, relevant: Sequence[int] | None = None,
                  old_queries=None, side: str = "target", min_retention: float | None = None,
                  min_top1: float | None = None, csls: bool = False, csls_weight: float | None = None,
-                 max_queries: int | None = None, random_state: int | None = None) -> dict:
+                 max_queries: int | None = None, random_state: int | None = None, old_corpus=None) -> dict:
         """``POST /v1/maps/{ref}/evaluate`` (``vecbridge eval``): the map on held-out pairs ``source`` (n, d_s) /
-        ``target`` (n, d_t), and on labelled ``queries`` with each one's ``relevant`` row; ``min_retention`` /
+        ``target`` (n, d_t), and on labelled ``queries`` with each one's ``relevant`` row (``old_corpus``, the old
+        model's vectors of the rest of the corpus, with ``old_queries``: their retention over the whole corpus,
+        which the gate then reads); ``min_retention`` /
         ``min_top1`` add ``result`` ``PASS`` / ``FAIL`` (an answer, not an exception). Above ``max_queries`` pairs
         (the server's default 10,000) a sample of that many drawn with ``random_state`` is ranked against all n
         (``n_queries``, ``intervals`` in the answer)."""
@@ -320,6 +322,8 @@ class APICalls(EmbedCalls, SteerCalls, TagCalls, Calls):
                        "min_retention": min_retention, "min_top1": min_top1, "csls": as_flag(csls, "csls"),
                        "csls_weight": csls_weight, "max_queries": max_queries, "random_state": random_state,
                        **labelled(queries, old_queries, relevant)})
+        if old_corpus is not None:
+            body["old_corpus"] = b64(old_corpus, "old_corpus")
         return (yield from self._json("POST", f"/v1/maps/{_seg(ref)}/evaluate", json=body, retry=True))
 
     # --- indexes --------------------------------------------------------------------------------

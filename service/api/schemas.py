@@ -311,7 +311,13 @@ class EvaluateRequest(_Strict):
     relevant: list[Count] | None = Field(None, description="Each query's relevant document: its row in "
                                                                   "`source`/`target`.")
     old_queries: _Vectors | None = Field(None, description="The same queries under the old model: adds the baseline "
-                                                           "of keeping it (`retrieval.labelled.old`, `beats_old`).")
+                                                           "of keeping it (`retrieval.labelled.old`, `beats_old`); "
+                                                           "`old_corpus` needs them.")
+    old_corpus: _Vectors | None = Field(None, description=(
+        "The old model's vectors of the rest of the corpus: the labelled retention (and the gate) is then over the "
+        "whole corpus, these rows mapped beside the held-out documents, as the plan forecasts it "
+        "(`retrieval.corpus`, `retention_scope`); needs `queries`, `relevant`, `old_queries`, side `target`, "
+        "no `csls`."))
     side: Literal["target", "source"] = Field("target", description="`target`: corpus-side migration (the map moves "
                                               "the documents); `source`: query-side (the map moves the queries).")
     min_retention: Real | None = Field(None, ge=0, le=1, description="PASS/FAIL gate on retention (labelled R@10 "

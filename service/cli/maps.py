@@ -25,7 +25,7 @@ from ..io import check_not_input, count_rows, parse_rows, read_vectors, resolve_
 from ..ops.fit_stream import pair_files
 from ..ops.maps import SUPERVISED, run_fit, unreliable_note
 from ..ops.transform import transform_file
-from ..ops.plans import EVAL_MAX_QUERIES, evaluate_map, gate_zero_note, plan
+from ..ops.plans import EVAL_MAX_QUERIES, check_old_corpus, evaluate_map, gate_zero_note, plan, retention_scope
 from ..ops.unpaired import UNPAIRED, check_unpaired, check_unpaired_method
 from ..encoders import canonical_name
 from ..figures import train_cos_note
@@ -242,6 +242,24 @@ def _retention(value, why: str = "no query finds its relevant document natively"
     return f"undefined ({why})" if value is None or not np.isfinite(value) else f"{value:.4f}"
 
 
+def _corpus_line(r: dict) -> str:
+    """The corpus-wide labelled retention beside the held-out one (``r``: the gate's ``retrieval``), or nothing."""
+    c = r.get("corpus")
+    if c is None:
+        return ""
+    ret = "undefined" if c["retention"] is None else f"{c['retention']:.4f}"
+    iv = c["retention_interval"]
+    nat = "undefined" if c["native_r10"] is None else f"{c['native_r10']:.4f}"
+    return (f"\n  over the whole corpus ({c['n_documents']:,} documents: {c['n_heldout']:,} held out + "
+            f"{c['n_documents'] - c['n_heldout']:,} --old-corpus rows mapped): R@10 {c['migrated_r10']:.4f} migrated "
+            f"(exact) / {nat} native (estimated: {c['native_r10_heldout']:.4f} over the held-out documents, scaled as "
+            f"the old model's falls, {c['old_r10_heldout']:.4f} -> {c['old_r10_corpus']:.4f}, slope ratio "
+            f"{c['slope_ratio']:.2f})  retention R@10 {ret}"
+            + (f" (95% interval {iv[0]:.4f}-{iv[1]:.4f})" if iv else "")
+            + f"; over the {c['n_heldout']:,} held-out documents alone {_retention(r['retention_heldout'])}"
+            + f"; keeping the old model: R@10 {c['old_r10_corpus']:.4f} over the corpus")
+
+
 def _versus_old(lab: dict) -> str:
     """How the migration compares with keeping the old model (``beats_old`` is migrated R@10 >= old R@10): a tie
     (R@10 1.0 and 1.0) read "beats it"."""
@@ -273,10 +291,19 @@ def _versus_old(lab: dict) -> str:
               help="START:STOP rows of --queries (and --old-queries), or a file of row indices.")
 @click.option("--old-queries", "old_queries_path", type=click.Path(dir_okay=False), default=None,
               help="The same queries under the old model: adds the baseline of keeping the old model (its R@10 over "
-                   "the old documents) and whether the migration beats it.")
+                   "the old documents) and whether the migration beats it; --old-corpus needs them.")
 @click.option("--relevant", "relevant_path", type=click.Path(dir_okay=False), default=None,
               help="Each query's relevant document: its row in the held-out pairs (.npy ints, .json list, or one "
                    "index per line); one per row of --queries (sliced by --queries-rows) or per selected query.")
+@click.option("--old-corpus", "old_corpus_path", type=click.Path(dir_okay=False), default=None,
+              help="The old model's vectors of the rest of the corpus (e.g. the plan's --old): the labelled retention "
+                   "is then over the whole corpus, those rows mapped beside the held-out documents (the figure "
+                   "`vecbridge plan --queries` forecasts; native R@10 estimated from --old-queries), and the gate "
+                   "uses it. Without it the retention is over the held-out documents alone, higher than a corpus's. "
+                   "Needs --queries, --relevant, --old-queries; corpus-side, plain search.")
+@click.option("--old-corpus-rows", type=ROWS, default=None,
+              help="START:STOP rows of --old-corpus, or a file of row indices (leave the held-out documents out; "
+                   "rows repeating one are left out anyway).")
 @click.option("--side", type=click.Choice(["target", "source"]), default="target", show_default=True,
               help="target: corpus-side migration (the map moves the documents; queries are target vectors); "
                    "source: query-side (the map moves the queries into the target index).")
@@ -294,8 +321,9 @@ def _versus_old(lab: dict) -> str:
 @json_opt
 @quiet_opt
 @click.pass_obj
-def eval_cmd(obj: Ctx, ref, min_top1, min_retention, queries_path, queries_rows, old_queries_path, relevant_path, side,
-             csls, csls_weight, max_queries, random_state, record, as_json, quiet, **io_opts):
+def eval_cmd(obj: Ctx, ref, min_top1, min_retention, queries_path, queries_rows, old_queries_path, relevant_path,
+             old_corpus_path, old_corpus_rows, side, csls, csls_weight, max_queries, random_state, record, as_json,
+             quiet, **io_opts):
     """Evaluate a registered map on held-out pairs: top-1, mean rank, cosine, recall@10, retrieval retention
     (of labelled queries when given)."""
     if (queries_path is None) != (relevant_path is None):
@@ -316,11 +344,19 @@ def eval_cmd(obj: Ctx, ref, min_top1, min_retention, queries_path, queries_rows,
         if Q is None:
             raise InputError("--old-queries is the baseline of labelled queries: give --queries and --relevant too")
         Qo = read_vectors(old_queries_path, rows=queries_rows, encoder_option=None)
+    C = None
+    if old_corpus_path is not None:  # checked before the corpus is read: its needs are the other options'
+        check_old_corpus(old_corpus_path, Q, Qo, side, csls_weight if csls else None,
+                         ("--old-corpus", "--queries", "--relevant", "--old-queries", "--side", "--csls"))
+        C = read_vectors(old_corpus_path, rows=old_corpus_rows, encoder_option=None)
+    elif old_corpus_rows is not None:
+        raise InputError("--old-corpus-rows selects rows of --old-corpus: give --old-corpus too")
     with warnings.catch_warnings(record=True) as caught:  # align's warnings as vecbridge: warning: lines
         warnings.simplefilter("always", VecbridgeWarning)
         res = evaluate_map(obj.registry, ref, X, Y, csls=csls, min_top1=min_top1, min_retention=min_retention,
                            record=record, queries=Q, relevant=rel, side=side, old_queries=Qo,
-                           csls_weight=csls_weight, max_queries=max_queries, random_state=random_state)
+                           csls_weight=csls_weight, max_queries=max_queries, random_state=random_state,
+                           old_corpus=C)
     for line in dict.fromkeys(str(w.message).splitlines()[0] for w in caught
                               if issubclass(w.category, VecbridgeWarning)
                               and "undefined (NaN)" not in str(w.message)):  # the figures below say "undefined"
@@ -355,20 +391,21 @@ def eval_cmd(obj: Ctx, ref, min_top1, min_retention, queries_path, queries_rows,
         text += (f"\n  labelled ({lab['n_queries']} queries, {lab['n_documents']} documents, "
                  f"{'query' if side == 'source' else 'corpus'}-side): "
                  + "  ".join(f"{m} {lab['migrated'][m]:.4f}/{lab['native'][m]:.4f}" for m in lab["migrated"])
-                 + f"  (migrated/native)  retention R@10 {_retention(r['retention'])}"
-                 + (f" (95% interval {r['retention_interval'][0]:.4f}-{r['retention_interval'][1]:.4f})"
-                    if r.get("retention_interval") else ""))
+                 + f"  (migrated/native)  retention R@10 {_retention(lab['retention']['R@10'])}"  # held-out
+                 + (f" (95% interval {liv[0]:.4f}-{liv[1]:.4f})" if (liv := lab["retention_interval"]["R@10"]) else ""))
         if lab.get("undecided") and min_retention is None:  # a gate: exit 2 with this reason (0: a PASS, below)
             kept = (" and is not recorded (an earlier eval.labelled_retention is removed: the eval.* tags are this "
                     "run's)")
             text += (f"\n  this retention decides no gate{kept if record else ''}: "
                      f"{lab['undecided']}")
+        text += _corpus_line(r)
         if "labelled_plain" in r:
             plain = r["labelled_plain"]
             text += (f"\n  with CSLS search (w {lab['csls_weight']:g}); plain cosine search: R@10 "
                      f"{plain['migrated']['R@10']:.4f}, retention {_retention(plain['retention']['R@10'])}")
         if "old" in lab:
-            text += (f"\n  keeping the old model: R@10 {lab['old']['R@10']:.4f} (retention "
+            text += (f"\n  keeping the old model{' (the held-out documents)' if 'corpus' in r else ''}: R@10 "
+                     f"{lab['old']['R@10']:.4f} (retention "
                      f"{_retention(lab['old_retention']['R@10'])}); the migration "
                      + _versus_old(lab))
     if csls:
@@ -376,6 +413,11 @@ def eval_cmd(obj: Ctx, ref, min_top1, min_retention, queries_path, queries_rows,
     if min_top1 is not None:
         text += f"\n{'PASS' if res['top1'] >= min_top1 else 'FAIL'}: top-1 (centred) {res['top1']:.4f} vs {min_top1}"
     if min_retention is not None:
+        if "labelled" in r:  # which figure the gate reads (said above the verdict, which stays its last line)
+            text += f"\n  the gate reads the retention over {retention_scope(r)}"
+            if "corpus" not in r and side == "target":
+                text += (": a migrated corpus's other rows compete too, and its retention is lower (give --old-corpus "
+                         "and --old-queries for that figure, the one `vecbridge plan --queries` forecasts)")
         iv = r.get("retention_interval")
         text += f"\n{r['result']}: {r['retention_metric']} {r['retention']:.4f}"
         text += (f" (95% interval {iv[0]:.4f}-{iv[1]:.4f} over {r['labelled']['n_queries']} queries)"
@@ -413,7 +455,8 @@ def eval_cmd(obj: Ctx, ref, min_top1, min_retention, queries_path, queries_rows,
                    "reaches --target-retention, not its every-row-mapped retention (never a larger K).")
 @click.option("--queries", "queries_path", type=click.Path(dir_okay=False), default=None,
               help="Labelled queries, new-model vectors: the plan then predicts their labelled R@10 retention over "
-                   "the whole --old corpus (the figure `eval --queries` measures) instead of a proxy. Needs "
+                   "the whole --old corpus (the figure `eval --queries --old-corpus` measures; without --old-corpus "
+                   "eval scores the held-out documents alone, a higher figure) instead of a proxy. Needs "
                    "--old-queries and --relevant.")
 @click.option("--old-queries", "old_queries_path", type=click.Path(dir_okay=False), default=None,
               help="The same queries under the old model (they scale native recall from the probe to the corpus).")

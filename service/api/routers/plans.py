@@ -102,7 +102,11 @@ has as many, `undecided`: why the R@10 retention decides no gate, else null)
 (with `old_queries`, the same queries under the old model, also
 `old`: keeping the old model, and `beats_old`), and `retention` is the labelled R@10 retention (`side`
 `target`: corpus-side, the queries are target-model vectors; `source`: query-side, the queries are
-source-model vectors the map moves into the target index). `min_retention` / `min_top1` add
+source-model vectors the map moves into the target index). That retention is over the held-out documents alone
+(`retention_scope` `held-out`), higher than over a whole corpus whose other rows compete: with `old_corpus` (the old
+model's vectors of the rest of the corpus) and `old_queries`, `retrieval.corpus` holds the retention over the whole
+corpus, those rows mapped (migrated R@10 exact, native R@10 estimated as the plan estimates it), and `retention`
+and the gate are of it (`retention_scope` `corpus`, `retention_heldout` the other). `min_retention` / `min_top1` add
 `result`: `PASS` or `FAIL` (still 200: the gate's verdict is data; `retention` is null when no query finds its
 relevant document natively, and a `min_retention` gate on it is a 422; so is a gate on a labelled retention that
 is `undecided` (native R@10 no better than chance, or fewer than 5 native hits), and a pass of an `nn_retention@10`
@@ -126,11 +130,12 @@ async def evaluate(ref: RefPath, request: Request, state: StateDep, settings: Se
         raw = parse_json(body)
         opts = validate(EvaluateRequest, raw)
         bools = may_hold_bools(body)
-        X, Y, Q, Qo = (_vectors(raw, k, settings, bools) for k in ("source", "target", "queries", "old_queries"))
+        X, Y, Q, Qo, C = (_vectors(raw, k, settings, bools)
+                          for k in ("source", "target", "queries", "old_queries", "old_corpus"))
         return evaluate_map(state.registry, ref, X, Y, csls=opts.csls, min_top1=opts.min_top1,
                             min_retention=opts.min_retention, queries=Q, relevant=opts.relevant, side=opts.side,
                             old_queries=Qo, csls_weight=opts.csls_weight, max_queries=opts.max_queries,
-                            random_state=opts.random_state)
+                            random_state=opts.random_state, old_corpus=C)
 
     async with state.heavy.slot("evaluate"):
         return FastJSONResponse(await state.heavy.run(work, request))

@@ -1,0 +1,85 @@
+"""align.corpus_retention: labelled retention over the whole corpus a migration maps, the figure the labelled plan
+forecasts; the held-out documents alone (align.labelled_retention) leave out every other row that competes."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import align
+from align.exceptions import DimensionMismatchError, PairCountError
+
+
+def _task(seed=0, n=5000, d=32, q=150, held=500):
+    """Clustered old corpus X, a non-linear new model Y, queries near their documents in each model; the last
+    ``held`` rows are the held-out documents (every query's relevant one among them)."""
+    rng = np.random.default_rng(seed)
+    C = rng.normal(size=(50, d)) * 2
+    X = (C[rng.integers(0, 50, n)] + rng.normal(size=(n, d))).astype(np.float32)
+    R = np.linalg.qr(rng.normal(size=(d, d)))[0]
+    Y = (np.tanh(X / 2) @ R + 0.3 * rng.normal(size=(n, d))).astype(np.float32)
+    rel = rng.choice(held, q, replace=False)
+    Qn = (Y[n - held + rel] + 0.8 * rng.normal(size=(q, d))).astype(np.float32)
+    Qo = (X[n - held + rel] + 0.8 * rng.normal(size=(q, d))).astype(np.float32)
+    return X, Y, Qn, Qo, rel, held
+
+
+def _unit(A):
+    return A / np.linalg.norm(A, axis=1, keepdims=True)
+
+
+def _hits(Q, D, rel):
+    return (np.argsort(-(_unit(Q) @ _unit(D).T), axis=1)[:, :10] == rel[:, None]).any(axis=1)
+
+
+def test_corpus_retention_counts_the_mapped_corpus_the_held_out_figure_leaves_out():
+    X, Y, Qn, Qo, rel, held = _task()
+    n = X.shape[0]
+    m = align.fit_migration(X[:300], Y[:300], method="procrustes")
+    out = align.corpus_retention(m, X[-held:], Y[-held:], Qn, rel, Qo, X[:-held])
+    alone = align.labelled_retention(m, X[-held:], Y[-held:], Qn, rel)["retention"]["R@10"]
+    # the migrated R@10 is exact: the queries over the mapped held-out documents and the mapped rest of the corpus
+    mapped = m.apply(X, output="raw")
+    assert out["migrated_r10"] == pytest.approx(_hits(Qn, mapped, n - held + rel).mean())
+    assert out["n_documents"] == n and out["n_heldout"] == held and out["n_duplicates"] == 0
+    # the native R@10 over the corpus is estimated: the held-out one scaled as the old model's falls
+    assert out["old_r10_corpus"] == pytest.approx(_hits(Qo, X, n - held + rel).mean())
+    assert out["native_r10_heldout"] == pytest.approx(_hits(Qn, Y[-held:], rel).mean())
+    assert out["retention"] == pytest.approx(out["migrated_r10"] / out["native_r10"])
+    lo, hi = out["retention_interval"]
+    assert lo <= out["retention"] <= hi
+    # 4,500 more rows competing: well below the held-out figure, which a gate read as the migration's
+    assert out["retention"] < alone - 0.1
+    # and near the truth, the native R@10 over the whole corpus being known here (every row has both vectors)
+    truth = out["migrated_r10"] / _hits(Qn, Y, n - held + rel).mean()
+    assert out["retention"] == pytest.approx(truth, abs=0.1)
+
+
+def test_corpus_rows_repeating_a_held_out_document_are_that_document_not_a_distractor():
+    X, Y, Qn, Qo, rel, held = _task(seed=1, n=3000)
+    m = align.fit_migration(X[:300], Y[:300], method="ridge")
+    rest = align.corpus_retention(m, X[-held:], Y[-held:], Qn, rel, Qo, X[:-held])
+    whole = align.corpus_retention(m, X[-held:], Y[-held:], Qn, rel, Qo, X)  # the held-out rows inside the corpus
+    assert whole["n_duplicates"] == held and whole["n_corpus_rows"] == X.shape[0]
+    assert whole["n_documents"] == rest["n_documents"] == X.shape[0]
+    assert whole["retention"] == pytest.approx(rest["retention"])
+
+
+def test_one_model_on_both_sides_keeps_everything_over_the_corpus():
+    """The same model on both sides and a map that changes nothing: the migrated index is the native one, and the
+    native estimate (the old model's fall, the new one falling alike) is exact."""
+    X, _, _, Qo, rel, held = _task(seed=2, n=3000)
+    m = align.fit_migration(X, X, method="procrustes")
+    out = align.corpus_retention(m, X[-held:], X[-held:], Qo, rel, Qo, X[:-held])
+    assert out["slope_ratio"] == pytest.approx(1.0)
+    assert out["native_r10"] == pytest.approx(out["old_r10_corpus"])
+    assert out["retention"] == pytest.approx(1.0, abs=0.02)
+
+
+def test_corpus_retention_bad_input_is_typed():
+    X, Y, Qn, Qo, rel, held = _task(seed=3, n=2000)
+    m = align.fit_migration(X[:300], Y[:300], method="procrustes")
+    with pytest.raises(DimensionMismatchError):
+        align.corpus_retention(m, X[-held:], Y[-held:], Qn, rel, Qo, X[:-held, :8])
+    with pytest.raises(PairCountError):
+        align.corpus_retention(m, X[-held:], Y[-held:], Qn, rel, Qo[:10], X[:-held])
