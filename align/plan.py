@@ -26,7 +26,7 @@ from .exceptions import InputError, TooFewRowsError
 from .families import Problem, procrustes_candidate, ridge_candidate
 from .frames import Frame, unit_rows
 from .knn import knn, knn_blocks
-from .learning_curve import curve_fit, fit_learning_curve, forecast, forecast_per_k, kept_forecast
+from .learning_curve import curve_fit, fit_learning_curve, forecast, forecast_per_k, kept_forecast, query_bootstrap
 from .options import check_callable, check_flag, check_number
 from .plan_checks import (UNPAIRED_MIN_PROBE, best_migrating, check_curve_informative, check_pairs_beyond_chance,
                           check_queries_find_relevant, same_up_to_rotation, short_of_target, unpaired_note,
@@ -348,7 +348,10 @@ def plan_migration(X_old, probe_src, probe_tgt, *, random_state=0, target_retent
        relevant = its native nearest neighbour, recall@10 among the mapped rows over the native
        recall, with up to ``distractors`` mapped rows of ``X_old`` competing) on the held-out
        half. ``r(K) = r_inf - c K^(-beta)`` is fitted to each method's means, with an interval of
-       ± 2 × (residual std + spread across repeats), clipped to [0, 1]; each K's forecast is of one method
+       ± 2 × (residual std + spread across repeats), clipped to [0, 1], and without labelled queries widened to
+       hold the central 95 % of the forecasts of curves refitted to the points scored on resamples of the held-out
+       queries (:func:`~align.learning_curve.query_bootstrap`: a small probe's few held-out queries leave its
+       points, and its extrapolation, loose); each K's forecast is of one method
        (:func:`forecast_per_k`: within the probe's K the higher curve there, beyond it the best method at
        the largest probe K, extrapolated).
     3. Recommendation: the smallest K of ``target_ks`` whose prediction (``kept`` with ``keep``) reaches
@@ -458,26 +461,29 @@ def plan_migration(X_old, probe_src, probe_tgt, *, random_state=0, target_retent
     # and its spread across subsets would dominate the interval)
     start = min(20, top) if lab is None else max(min(20, top), top // 8)
     ks = sorted({int(k) for k in np.unique(np.geomspace(start, top, num=5).astype(int)) if k >= 4})
-    from .retrieval import nn_retention
+    from .retrieval import nn_retention_hits
 
     curve: dict = {m: [] for m in methods}
+    hits: dict = {m: [] for m in methods}  # per method and K, each map's per-query hits (the query bootstrap's)
     report = progress or (lambda stage, fraction: None)
     n_fits, done = len(methods) * sum(repeats if k < top else 1 for k in ks), 0
     report("learning curve", 0.0)
     for k in ks:
         for m in methods:
-            vals = []
+            vals, maps = [], []
             for r in range(repeats if k < top else 1):
                 idx = np.sort(rng.permutation(pool)[:k]) if k < top else np.sort(pool)
                 fitted = procrustes_candidate(P, idx, {}) if m == "procrustes" else ridge_candidate(P, idx, 1e-2)
-                if lab is None:
-                    vals.append(nn_retention(T_val, fitted.apply(A[val], output="raw", validate=False),
-                                             extra_M=fitted.apply(extra, output="raw", validate=False)))
+                if lab is None:  # nn_retention, per query
+                    maps.append(nn_retention_hits(T_val, fitted.apply(A[val], output="raw", validate=False),
+                                                  extra_M=fitted.apply(extra, output="raw", validate=False)))
+                    vals.append(float(maps[-1][0].sum() / max(maps[-1][1].sum(), 1)))
                 else:
                     vals.append(lab.estimate(fitted, A[val], extra, others))
                 done += 1
                 report("learning curve", done / n_fits)
             curve[m].append({"k": k, "mean": float(np.mean(vals)), "spread": float(np.std(vals))})
+            hits[m].append(maps)
             if lab is not None and k == top:  # the query sample's own uncertainty, at the largest K
                 lo, hi = lab.interval(rng)
                 curve[m][-1]["query_interval"] = [lo, hi]
@@ -498,7 +504,11 @@ def plan_migration(X_old, probe_src, probe_tgt, *, random_state=0, target_retent
                             labelled=lab is not None)
     fits = {m: curve_fit(curve[m], lab is not None) for m in methods}
     best = max(methods, key=lambda m: curve[m][-1]["mean"])  # at the probe's largest K
-    predicted = forecast_per_k(fits, best, target_ks, top, dim=A.shape[1])
+    # without queries the points are scored on the probe's held-out half: their query sample, resampled, spreads the
+    # forecast (the more the further it extrapolates); a child of rng, so the plan's other draws are as they were
+    brng = _child(rng)
+    boot = None if lab is not None else {m: query_bootstrap(ks, hits[m], target_ks, brng) for m in methods}
+    predicted = forecast_per_k(fits, best, target_ks, top, dim=A.shape[1], boot=boot)
     # K >= n_old re-embeds the whole corpus: every row native, no map to lose anything (one row, retention 1)
     n_old = float("inf") if old_is_sample else Xo.shape[0]
     if predicted[-1]["k"] >= n_old:

@@ -39,8 +39,8 @@ from .knn import knn
 from .metrics import INTERVAL_LEVEL, count_above, proportion_interval, ranks
 from .validation import check_random_state
 
-__all__ = ["pair_retrieval_scores", "neighbour_overlap", "overlap_without_self", "nn_retention", "relevant_ranks",
-           "labelled_metrics", "labelled_retrieval", "retention_interval", "hubness", "chance_p_value",
+__all__ = ["pair_retrieval_scores", "neighbour_overlap", "overlap_without_self", "nn_retention", "nn_retention_hits",
+           "relevant_ranks", "labelled_metrics", "labelled_retrieval", "retention_interval", "hubness", "chance_p_value",
            "expected_hits", "CHANCE_LEVEL", "MIN_NATIVE_HITS"]
 
 INTERVAL_RESAMPLES = 2000  # bootstrap resamples behind it
@@ -134,19 +134,30 @@ def nn_retention(T: np.ndarray, M: np.ndarray, k: int = 10, *, extra_M: np.ndarr
     ``rows`` (q,): only these native rows are queries (a sample, :func:`align.metrics.query_sample`); their
     relevant rows and the candidates are still all of ``T`` / ``M``. Cost ``q · n · d`` per search.
     """
+    hits = nn_retention_hits(T, M, k, extra_M=extra_M, rows=rows)
+    if hits is None:
+        return float("nan")
+    mapped, native = hits
+    return float(mapped.sum() / max(native.sum(), 1))
+
+
+def nn_retention_hits(T: np.ndarray, M: np.ndarray, k: int = 10, *, extra_M: np.ndarray | None = None,
+                      rows=None) -> tuple[np.ndarray, np.ndarray] | None:
+    """Per query of :func:`nn_retention` (same arguments): ``(mapped, native)``, whether its relevant row is in
+    the mapped index's top ``k`` and in the native one's, (q,) bool each (native all True without ``extra_M``);
+    :func:`nn_retention` is ``mapped.sum() / max(native.sum(), 1)``. None where it is undefined (fewer than 3
+    rows). Per query, so that a resample of the queries can be scored again (the plan's query bootstrap)."""
     n = T.shape[0]
     k = min(k, n - 2)
     if k < 1:
-        return float("nan")
+        return None
     Tq, ids = _queries(T, rows)
     _, In = knn(Tq, T, 2)
     rel = np.where(In[:, 0] == ids, In[:, 1], In[:, 0])
     if extra_M is None or not len(extra_M):
-        return float(_hits(Tq, M, rel, k, ids).mean())
+        return _hits(Tq, M, rel, k, ids), np.ones(Tq.shape[0], dtype=bool)
     E = np.ascontiguousarray(extra_M, dtype=np.float32)
-    mapped = _hits(Tq, np.concatenate([M, E]), rel, k, ids).sum()
-    native = _hits(Tq, np.concatenate([T, E]), rel, k, ids).sum()
-    return float(mapped / max(native, 1))
+    return _hits(Tq, np.concatenate([M, E]), rel, k, ids), _hits(Tq, np.concatenate([T, E]), rel, k, ids)
 
 
 def neighbour_overlap(Q: np.ndarray, A: np.ndarray, B: np.ndarray, k: int = 10, *, rows=None) -> float:
