@@ -380,6 +380,8 @@ def plan_migration(X_old, probe_src, probe_tgt, *, random_state=0, target_retent
        proxy's forecast and recommendation), with their ``labelled`` curve and ``native`` R@10 and a note why.
 
     Returns a JSON-safe dict: ``alignability`` (beyond chance), ``unsupervised_feasible``, ``knn_overlap`` (raw),
+    ``n_distractors`` (the mapped rows of ``X_old`` competing in each curve point's search: the figure falls as they
+    grow, so curves of different counts do not compare),
     ``probe_unpaired_share`` (:func:`align.plan_checks.unpaired_share`, None below 200 pairs; a note from 20 %),
     ``curve`` (per K and method the mean and spread), ``fits`` (per method its curve, :func:`forecast`'s input;
     ``fit``: the one of ``best_method``, the best at the largest probe K), ``predicted`` (per target K: method,
@@ -546,7 +548,8 @@ def plan_migration(X_old, probe_src, probe_tgt, *, random_state=0, target_retent
     elif not reach and old_is_sample:  # a sample of a corpus of unknown size (a fit report): no whole corpus
         notes.append(f"no K in {list(target_ks)} is predicted to reach retention {target_retention}{kept_rows}: "
                      f"re-embedding the whole corpus is the only choice predicted to (this plan's rows are a sample "
-                     f"of it, so it cannot size it); recommended.k is the largest K, best_migrating the best")
+                     f"of it, so it cannot size it); the recommendation is the largest K, and the best K is given "
+                     f"beside it")
     elif k_rec == n_old:  # every target K re-embeds the whole corpus
         notes.append(f"the recommended K is the whole old corpus ({n_old} rows): every K of {list(target_ks)} is at "
                      f"least its size, so re-embed every row with the new model instead of migrating")
@@ -595,6 +598,7 @@ def plan_migration(X_old, probe_src, probe_tgt, *, random_state=0, target_retent
     return {
         "alignability": overlap, "unsupervised_feasible": bool(overlap >= ALIGNABLE), "knn_overlap": raw_overlap,
         "n_probe": int(p), "n_probe_repeated": int(n_given - p), "n_probe_holdout": int(val.size),
+        "n_distractors": int(extra.shape[0] if lab is None else others.sum()),
         "probe_unpaired_share": unpaired,
         "metric": ("nn_retention@10 (simulated labelled retention) on held-out probe" if lab is None else
                    "labelled R@10 retention of the given queries, estimated for the whole corpus"),

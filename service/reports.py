@@ -3,7 +3,7 @@
 Headline numbers (held-out figures first; training ones are memorised), then sections: summary (name, spaces,
 method, parameters, lineage, metrics), an ``auto`` fit's candidates with their held-out scores, stage timings, the
 selection criterion across restarts and the per-iteration histories found in
-``map_.metadata["diagnostics"]``, a histogram of cosines of mapped pairs (true pairs when
+``map_.metadata["diagnostics"]``, a histogram of cosines of mapped pairs (its training pairs when
 paired; mutual nearest neighbours after mapping otherwise), a 2-D PCA projection of both
 clouds before and after mapping, and for paired fits the migration plan of
 :func:`align.plan_migration` computed from a probe of the fit's own pairs (alignability, the
@@ -184,10 +184,12 @@ def _plan_figure(plan: dict, k_fit: int | None):
     (dotted), on a log K axis; ``k_fit`` marked."""
     plt = _mpl()
     fig, ax = plt.subplots(figsize=(7, 3.4))
+    colour = {}  # each method's fitted curve in its points' colour (both curves were dotted black: which was which?)
     for method, pts in plan["curve"].items():
         ks = [q["k"] for q in pts]
-        ax.errorbar(ks, [q["mean"] for q in pts], yerr=[q["spread"] for q in pts], marker="o", ms=4, capsize=2,
-                    lw=1, label=f"measured on the probe: {method}")
+        bars = ax.errorbar(ks, [q["mean"] for q in pts], yerr=[q["spread"] for q in pts], marker="o", ms=4,
+                           capsize=2, lw=1, label=f"measured on the probe: {method}")
+        colour[method] = bars[0].get_color()
     pred = plan["predicted"]
     ks = [q["k"] for q in pred]
     k_max = max(ks + [k_fit or 1])
@@ -198,16 +200,30 @@ def _plan_figure(plan: dict, k_fit: int | None):
     ax.fill_between(ks, [q["low"] for q in pred], [q["high"] for q in pred], color="#999", alpha=0.25,
                     label="interval (the table's)")
     for method, other in plan["fits"].items():  # within the probe's K each K takes the higher curve
-        ax.plot(grid, forecast(other, grid)[0], color="#444", lw=1, ls=":", label=f"fitted curve ({method})")
+        ax.plot(grid, forecast(other, grid)[0], color=colour.get(method, "#444"), lw=1, ls=":",
+                label=f"fitted curve ({method})")
     if k_fit:
-        ax.axvline(k_fit, color="#dd8452", lw=1, ls="--", label=f"this fit: K = {k_fit}")
+        ax.axvline(k_fit, color="#c44e52", lw=1, ls="--", label=f"this fit: K = {k_fit}")
     ax.set_xscale("log")
     ax.set_ylim(0, 1.02)
     ax.set_xlabel("pairs K")
-    ax.set_ylabel("nn_retention@10 (proxy)")
-    ax.set_title("retention proxy vs pairs (a rough floor; labelled queries decide)", fontsize=10)
+    ax.set_ylabel(f"proxy among {_distractors(plan)}", fontsize=8)
+    ax.set_title("retention proxy vs pairs, this fit's rows as the corpus (not vecbridge plan's figure)", fontsize=10)
     ax.legend(fontsize=7, loc="lower right")
     return fig
+
+
+def _distractors(plan: dict) -> str:
+    """``"4,096 of the fit's rows"``: what the report's proxy is scored among (older plans: no count)."""
+    n = plan.get("n_distractors")
+    return "the fit's rows" if n is None else f"{n:,} of the fit's rows"
+
+
+#: why the report's figure is not the plan's: the same statistic over another corpus
+NOT_PLAN = ("The proxy (nn_retention@10 of the probe's held-out half) is scored here among {d}, mapped, standing in "
+            "for the corpus: <code>vecbridge plan</code> scores it among up to 8,192 rows of your corpus, and it falls "
+            "as that corpus grows, so the two figures cannot be compared (for one map the plan's is usually lower). "
+            "Neither is the labelled retention <code>vecbridge eval --queries</code> measures.")
 
 
 def _beyond_fit(plan: dict, q: dict, k_fit: int | None) -> str:
@@ -246,17 +262,19 @@ def _plan_section(plan: dict, k_fit: int | None) -> str:
                f"corpus with the new model is the only choice predicted to reach it (<code>vecbridge plan</code> with "
                f"the corpus sets the choices side by side).")
     return (f"<h2>Migration plan (from a probe of these pairs)</h2>"
+            f"<p>{NOT_PLAN.format(d=html.escape(_distractors(plan)))}</p>"
             f"<p>alignability (kNN@10 overlap of the two spaces on {plan['n_probe']} probe pairs): "
             f"<b>{plan['alignability']:.3f}</b> beyond chance (raw {plan['knn_overlap']:.3f}) — "
             f"unsupervised alignment "
             f"{'possible' if plan['unsupervised_feasible'] else 'not expected to work (below ~0.4)'}; "
             f"{verdict}</p>"
-            f"<table><tr><th>K</th><th>method</th><th>proxy retention</th><th>interval</th><th></th></tr>{rows}</table>"
+            f"<table><tr><th>K</th><th>method</th><th>proxy retention among {html.escape(_distractors(plan))}</th>"
+            f"<th>interval</th><th></th></tr>{rows}</table>"
             f"<img alt='retention proxy vs pairs' src='data:image/png;base64,{_png(_plan_figure(plan, k_fit))}'>"
             f"<ul>{notes}</ul>")
 
 
-def _hist_plot(cosines: dict[str, np.ndarray]) -> str:
+def _hist_plot(cosines: dict[str, np.ndarray], paired: bool = False) -> str:
     plt = _mpl()
     fig, ax = plt.subplots(figsize=(7, 3.2))
     for label, c in cosines.items():
@@ -266,8 +284,13 @@ def _hist_plot(cosines: dict[str, np.ndarray]) -> str:
     ax.set_xlabel("cosine in the target frame")
     ax.set_ylabel("count")
     ax.legend(fontsize=8)
-    ax.set_title("cosines of mapped pairs")
+    ax.set_title(HIST_TITLE[paired])
     return _png(fig)
+
+
+#: the histogram's title: a paired fit's are its own training pairs (held-out ones: eval), not held-out figures
+HIST_TITLE = {True: "cosines of the training pairs after mapping (the pairs it was fitted on: optimistic)",
+              False: "cosines of mapped pairs"}
 
 
 def _pca_figure(src_before, tgt_before, src_after, tgt_after, paired: bool):
@@ -365,6 +388,8 @@ def _label(key: str, metrics: dict, params=None) -> str:
     shows raw cosines (cos_raw; unlabelled, 0.73 beside 0.94 read as a contradiction); the raw one is named with it,
     as eval does ("cos 0.6908 (centred; raw 0.9403)") and :mod:`service.figures` everywhere (``params``: a
     ``center=false`` fit's is of the raw frame, and says so)."""
+    if key == "heldout_top1" and isinstance(metrics.get("heldout_n_candidates"), (int, float)):
+        return f"heldout_top1 (among {int(metrics['heldout_n_candidates']):,} candidates)"  # it falls as they grow
     return f"train_cos {train_cos_note(metrics, params)}" if key == "train_cos" else key
 
 
@@ -447,8 +472,8 @@ def render_report(*, title: str, summary: dict, metrics: dict, timings: dict, di
         parts.append(f"<h2>{html.escape(heading)}</h2><img alt='{html.escape(heading)}' src='data:image/png;base64,{png}'>")
     step()
     if any(c is not None and len(c) for c in cosines.values()):
-        parts.append(f"<h2>Cosines of mapped pairs</h2><img alt='cosine histogram' "
-                     f"src='data:image/png;base64,{_hist_plot(cosines)}'>")
+        parts.append(f"<h2>Cosines of mapped pairs{' (the training pairs)' if paired else ''}</h2><img alt='cosine "
+                     f"histogram' src='data:image/png;base64,{_hist_plot(cosines, paired)}'>")
     step()
     if clouds is not None:
         parts.append(f"<h2>2-D projection of both clouds</h2><img alt='PCA projection' "

@@ -68,6 +68,9 @@ class PlanResponse(_Open):
     n_probe: int
     n_probe_repeated: int
     n_probe_holdout: int
+    n_distractors: int | None = Field(None, description="Mapped rows of `old` competing in each curve point's search "
+                                      "(up to 8,192 without queries; with them the whole corpus): the figure falls "
+                                      "as they grow.")
     probe_unpaired_share: float | None = Field(None, description="Estimated share of the probe's pairs that are not "
                                                "one text (maps fitted on the rest of the probe rank their partner "
                                                "as they would a random row); from 200 pairs, a note from 0.2.")

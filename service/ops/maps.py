@@ -193,7 +193,7 @@ def _diagnose(map_: align.LinearMap, X, Y, paired: bool, rng) -> tuple[dict, dic
         metrics.update(_paired_verdict(float(ev["top1"]), int(ev["n_candidates"])))
         Q = unit_rows(map_.apply(X[idx], output="linear", validate=False))
         D = unit_rows(map_.target_frame.apply(Y[idx], validate=False))
-        cosines["true pairs"] = np.einsum("ij,ij->i", Q, D)
+        cosines["training pairs"] = np.einsum("ij,ij->i", Q, D)
         pi, pj = idx, idx
     else:
         i_s = _subsample(X.shape[0], _DIAG_SAMPLE, rng)

@@ -16,7 +16,7 @@ from .errors import ConflictError, NotFoundError, unknown
 from .models import VersionInfo
 from .names import check_name
 from .paths import best_chain, edge_versions, longer_wins
-from .quality import judged, quality_words, reliable
+from .quality import judged, quality_words, reliable, span
 
 __all__ = ["PathFindingMixin"]
 
@@ -71,6 +71,10 @@ class PathFindingMixin:
         put on 1,000 candidates) is below ``before``'s by more than 0.05, the note says it looks worse and how to
         keep ``before``; when ``new`` has no figure of ``before``'s kind (no held-out figure where ``before`` had one)
         it cannot be compared, and the note says that instead ("looks worse" is a held-out figure lower by > 0.05).
+        A figure measured among fewer than 1,000 candidates lies on 1,000 anywhere in its :func:`.quality.span`:
+        "looks worse" only when the whole of new's lies more than 0.05 below before's, else the note says the two
+        cannot be compared as recorded and how to measure them alike (a 500-pair refit, 0.78 among its 100-candidate
+        folds, was put on 1,000 at 0.089 and said to look worse than 0.514; measured on 1,000 it was 0.559).
         """
         now = self.resolve_bare(new.name)
         if before is None or before.version == new.version or now is None or now.version != new.version:
@@ -78,6 +82,10 @@ class PathFindingMixin:
         (kb, qb), (kn, qn) = self.quality(before), self.quality(new)
         if not (kn < kb or (kn == kb == 2 and qn < qb - 0.05)):
             return None
+        (low_b, high_b), (low_n, high_n) = span(before), span(new)
+        # worse beyond doubt: even new's best reading on 1,000 candidates is below before's worst. A figure from a
+        # small pool converts to 1,000 only as a range, and its lower end alone called a better map worse
+        worse = kn == kb and high_n < low_b - 0.05
         pin = self.path_alias
         try:  # an alias left on a deleted version does not resolve: "moved to it" only when it is on new
             at = self.alias_version(new.name, pin)
@@ -85,9 +93,18 @@ class PathFindingMixin:
             at = None
         why = f"its {pin!r} alias was moved to it" if at == new.version else (f"its {pin!r} alias is on deleted "
               f"{new.name}:{at}" if at is not None else f"no {pin!r} alias") + ": its newest reliable version"
-        return (f"{new.name!r} now means {new.ref} ({why}; {quality_words(new)}), which "
-                f"{'looks worse than' if kn == kb else 'cannot be compared with'} {before.ref}, which it meant until "
-                f"now ({quality_words(before)}); keep "
+        if worse or kn < kb:
+            return (f"{new.name!r} now means {new.ref} ({why}; {quality_words(new, converted=False)}), which "
+                    f"{'looks worse than' if worse else 'cannot be compared with'} {before.ref}, which it meant until "
+                    f"now ({quality_words(before, converted=False)}); keep "
+                    f"{before.ref} with `vecbridge registry alias {new.name} {pin} {before.version}` "
+                    f"(HTTP: PUT /v1/maps/{new.name}/aliases/{pin})")
+        return (f"{new.name!r} now means {new.ref} ({why}; {quality_words(new, converted=False)}), which may be "
+                f"worse than {before.ref}, which it meant until now ({quality_words(before, converted=False)}), or "
+                f"not: on 1,000 candidates the two lie at {_range(low_n, high_n)} and {_range(low_b, high_b)} (a "
+                f"figure measured among fewer candidates is at most what it was there and at least what the "
+                f"independence model puts it at), so they cannot be compared as recorded; evaluate both on the same "
+                f"held-out rows (`vecbridge eval --map {new.ref} ... --record`, and {before.ref}) to tell, or keep "
                 f"{before.ref} with `vecbridge registry alias {new.name} {pin} {before.version}` "
                 f"(HTTP: PUT /v1/maps/{new.name}/aliases/{pin})")
 
@@ -171,3 +188,8 @@ class PathFindingMixin:
         if not chain:
             raise ConflictError("source and target space are the same; no map needed")
         return self.compose(chain)
+
+
+def _range(low: float, high: float) -> str:
+    """``0.089-0.780``, or one figure when both ends are one."""
+    return f"{low:.3f}" if abs(high - low) < 5e-4 else f"{low:.3f}-{high:.3f}"

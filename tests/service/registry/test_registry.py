@@ -1208,6 +1208,27 @@ def test_a_refit_with_no_held_out_figure_cannot_be_compared_rather_than_looks_wo
     assert "which looks worse than a->b:3" in reg.default_change_note(v3, v4)
 
 
+def test_a_refit_judged_among_fewer_candidates_is_not_called_worse_by_its_converted_figure(reg):
+    """QA: a 500-pair refit scored 0.78 held out among its 100-candidate folds, put on 1,000 by the independence
+    model at 0.089, and the note said it "looks worse than" the version before (0.514 on 1,000); measured on 1,000
+    it was 0.559. On 1,000 a figure from 100 candidates lies between that model's 0.089 and the measured 0.78: the
+    note says the two cannot be compared as recorded and how to compare them; a figure whose every reading is
+    lower still looks worse."""
+    on_1000 = {"heldout_n_candidates": 1000, "heldout_n_queries": 1000}
+    before = register(reg, seed=1, metrics={"heldout_top1": 0.514, **on_1000})
+    folds = {"heldout_n_candidates": 100, "heldout_n_queries": 500}
+    new = register(reg, seed=2, metrics={"heldout_top1": 0.78, **folds})
+    assert reg.quality(new)[1] < 0.1  # the converted figure the note read
+    note = reg.default_change_note(before, new)
+    assert "looks worse" not in note and "put on 1,000" not in note, note
+    assert "held-out top-1 0.780 among 100 candidates), which may be worse than a->b:1" in note, note
+    assert "lie at 0.0" in note and "-0.780 and 0.514" in note and "cannot be compared as recorded" in note, note
+    assert "vecbridge eval --map a->b:2 ... --record" in note and "vecbridge registry alias a->b prod 1" in note
+    worse = register(reg, seed=3, metrics={"heldout_top1": 0.40, **folds})  # at most 0.40 on 1,000: below 0.464
+    note = reg.default_change_note(before, worse)
+    assert note is not None and "which looks worse than a->b:1" in note, note
+
+
 @pytest.mark.parametrize("how", ["register", "import"])
 def test_a_stop_right_after_an_artifact_is_renamed_into_place_leaves_no_orphan(reg, tmp_path, monkeypatch, how):
     """A Ctrl-C during the artifact folder's fsync (after the rename, before ``put_new`` returned) left the file it
