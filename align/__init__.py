@@ -43,6 +43,7 @@ __all__ = [
     "LinearMap", "ClusterMap", "MapChain", "map_kind", "require_linear", "load_map", "map_from_bytes", "Frame", "PairStats", "fit_procrustes", "fit_ridge", "fit_lowrank", "evaluate", "retention",
     "cross_val_top1",
     "MiniVec2Vec", "fit_migration", "score_map", "labelled_retention",
-    "corpus_retention", "select_rows_to_embed", "keep_native_rows", "knn_overlap", "plan_migration", "Steer", "MeanShift", "fit_steer", "fit_mean_shift", "compose_steers", "apply_steers",
+    "corpus_retention", "select_rows_to_embed", "keep_native_rows", "knn_overlap", "plan_migration", "Steer",
+    "MeanShift", "fit_steer", "fit_mean_shift", "compose_steers", "apply_steers",
     "transfer_steer", "knn", "csls_knn", "mutual_nn", "exceptions", *exceptions.__all__,
 ]

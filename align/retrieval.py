@@ -40,8 +40,8 @@ from .metrics import INTERVAL_LEVEL, count_above, proportion_interval, ranks
 from .validation import check_random_state
 
 __all__ = ["pair_retrieval_scores", "neighbour_overlap", "overlap_without_self", "nn_retention", "nn_retention_hits",
-           "relevant_ranks", "labelled_metrics", "labelled_retrieval", "retention_interval", "hubness", "chance_p_value",
-           "expected_hits", "CHANCE_LEVEL", "MIN_NATIVE_HITS"]
+           "relevant_ranks", "labelled_metrics", "labelled_retrieval", "retention_interval", "hubness",
+           "chance_p_value", "expected_hits", "CHANCE_LEVEL", "MIN_NATIVE_HITS"]
 
 INTERVAL_RESAMPLES = 2000  # bootstrap resamples behind it
 #: a figure that a random ranking reaches at least this often says nothing: its gate can be neither passed nor failed

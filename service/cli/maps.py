@@ -275,12 +275,13 @@ def _versus_old(lab: dict) -> str:
               help="PASS/FAIL gate: exit 1 when top-1 is below.")
 @click.option("--min-retention", type=click.FloatRange(0, 1), default=None,
               help="PASS/FAIL gate on retention: exit 1 when below. With --queries/--relevant, the retention of "
-                   "labelled retrieval (R@10 migrated / native over the held-out documents; when no query finds its "
-                   "relevant document natively, native R@10 is no better than chance, or fewer than 5 queries find it, "
-                   "the gate exits 2); otherwise the proxy nn_retention@10 (each native target row's nearest native "
-                   "row must stay in the top 10 of the mapped source rows; share kept; needs at least 12 distinct "
-                   "held-out pairs, exit 2 on fewer; a pass that a random map would match 1% of the time or more exits "
-                   "2 too: at least 15 pairs for a perfect map). A gate of 0 passes any defined retention. "
+                   "labelled retrieval (R@10 migrated / native over the held-out documents, or with --old-corpus "
+                   "over the whole corpus; when no query finds its relevant document natively, native R@10 is no "
+                   "better than chance, or fewer than 5 queries find it, the gate exits 2); otherwise the proxy "
+                   "nn_retention@10 (each native target row's nearest native row must stay in the top 10 of the "
+                   "mapped source rows; share kept; needs at least 12 distinct held-out pairs, exit 2 on fewer; a "
+                   "pass that a random map would match 1% of the time or more exits 2 too: at least 15 pairs for a "
+                   "perfect map). A gate of 0 passes any defined retention. "
                    "That is among the held-out rows alone, without distractors: not the nn_retention@10 of "
                    "`vecbridge plan`, a ratio to native search with up to 8,192 mapped rows of the old corpus beside "
                    "them, which differs for the same map.")
@@ -296,7 +297,7 @@ def _versus_old(lab: dict) -> str:
               help="Each query's relevant document: its row in the held-out pairs (.npy ints, .json list, or one "
                    "index per line); one per row of --queries (sliced by --queries-rows) or per selected query.")
 @click.option("--old-corpus", "old_corpus_path", type=click.Path(dir_okay=False), default=None,
-              help="The old model's vectors of the rest of the corpus (e.g. the plan's --old): the labelled retention "
+              help="The old model's vectors of the rest of the corpus (`vecbridge plan --old`): the labelled retention "
                    "is then over the whole corpus, those rows mapped beside the held-out documents (the figure "
                    "`vecbridge plan --queries` forecasts; native R@10 estimated from --old-queries), and the gate "
                    "uses it. Without it the retention is over the held-out documents alone, higher than a corpus's. "
@@ -455,8 +456,8 @@ def eval_cmd(obj: Ctx, ref, min_top1, min_retention, queries_path, queries_rows,
                    "reaches --target-retention, not its every-row-mapped retention (never a larger K).")
 @click.option("--queries", "queries_path", type=click.Path(dir_okay=False), default=None,
               help="Labelled queries, new-model vectors: the plan then predicts their labelled R@10 retention over "
-                   "the whole --old corpus (the figure `eval --queries --old-corpus` measures; without --old-corpus "
-                   "eval scores the held-out documents alone, a higher figure) instead of a proxy. Needs "
+                   "the whole --old corpus (the figure `vecbridge eval --queries --old-corpus` measures; without that "
+                   "option eval scores the held-out documents alone, a higher figure) instead of a proxy. Needs "
                    "--old-queries and --relevant.")
 @click.option("--old-queries", "old_queries_path", type=click.Path(dir_okay=False), default=None,
               help="The same queries under the old model (they scale native recall from the probe to the corpus).")
