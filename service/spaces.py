@@ -186,20 +186,25 @@ def _usable(frame: Frame) -> bool:
 
 
 def space_references(registry, dim: int | Collection[int]) -> dict[str, list[Reference]]:
-    """``{space: [Reference]}``: one reference for each space of width ``dim`` (or of any of the widths ``dim``
+    """``{space: [Reference]}``: the references of each space of width ``dim`` (or of any of the widths ``dim``
     holds: a space has one width, so the rows' own pick theirs) that a live map touches, the frame of the side of
-    that map in the space (its path version: the alias's, else the newest reliable one; maps with neither are passed
-    over, as is a frame without a common direction), with the space's registered encoder. One artifact read per map
-    at most: a fit asks for both its sides' widths in one call, not one call (and read) per side."""
+    each such map in the space (its path version: the alias's, else the newest reliable one; maps with neither are
+    passed over, as is a frame without a common direction), with the space's registered encoder; the oldest map's
+    first. One artifact read per map at most: a fit asks for both its sides' widths in one call, not one call (and
+    read) per side.
+
+    A reference that disagrees with its space's others is left out (:func:`_agreeing`): the first map by name used
+    to be the space's only reference, so one fit of another model's rows under a space's name (``bad`` before
+    ``good``) made that model's rows pass as the space's and the space's own rows "unchecked"."""
     dims = set(dim) if isinstance(dim, Collection) else {int(dim)}
     out: dict[str, list[Reference]] = {}
     encoders = {s.name: s.encoder for s in registry.list_spaces() if s.dim in dims}
-    for m in registry.list_maps():
+    maps = sorted(registry.list_maps(), key=lambda m: (str(m.get("created_at") or ""), m["name"]))
+    for m in maps:
         version = m.get("path_version")
         if version is None:
             continue
-        need = [side for side in ("source", "target")
-                if m.get(f"{side}_dim") in dims and m.get(f"{side}_space") and m[f"{side}_space"] not in out]
+        need = [side for side in ("source", "target") if m.get(f"{side}_dim") in dims and m.get(f"{side}_space")]
         if not need:
             continue
         try:
@@ -212,7 +217,36 @@ def space_references(registry, dim: int | Collection[int]) -> dict[str, list[Ref
                 space = m[f"{side}_space"]
                 out.setdefault(space, []).append(Reference(space, frame, f"map {m['name']}:{version}'s {side} side",
                                                            encoders.get(space)))
-    return out
+    return _agreeing(out)
+
+
+def _mean_cos(a: Frame, b: Frame) -> float | None:
+    """The cosine of two frames' means (None: of other widths)."""
+    if a.dim != b.dim or a.mean is None or b.mean is None:
+        return None
+    u, v = a.mean.astype(np.float64), b.mean.astype(np.float64)
+    return float(u @ v) / math.sqrt(float(u @ u) * float(v @ v))
+
+
+def _agreeing(refs: dict[str, list[Reference]]) -> dict[str, list[Reference]]:
+    """``refs`` without the references that look like another space's, by :func:`judge_rows`'s rule applied to their
+    means: recognised by no other reference of their own space (below ``SAME_SPACE_CHECKED_COSINE``) and by another
+    space's at least :data:`MISMATCH_MIN_COSINE` and :data:`MISMATCH_MARGIN` above (a map fitted on e5 rows declared
+    'minilm' beside a MiniLM map: 0.06 against 0.99). A space's lone reference is kept: nothing to tell it by."""
+    kept: dict[str, list[Reference]] = {}
+    for space, rs in refs.items():
+        encoder = next((r.encoder for r in rs if r.encoder), None)
+        others = [r for s, o in refs.items() if s != space for r in o if not (encoder and r.encoder == encoder)]
+        kept[space] = []
+        for i, r in enumerate(rs):
+            own = max((c for j, q in enumerate(rs) if j != i if (c := _mean_cos(r.frame, q.frame)) is not None),
+                      default=None)
+            other = max((c for q in others if (c := _mean_cos(r.frame, q.frame)) is not None), default=None)
+            if (own is not None and other is not None and own < SAME_SPACE_CHECKED_COSINE
+                    and other >= max(MISMATCH_MIN_COSINE, own + MISMATCH_MARGIN)):
+                continue
+            kept[space].append(r)
+    return kept
 
 
 def index_frame(idx, rows: int = SPACE_SAMPLE_ROWS, *, wait: bool = True) -> Frame | None:
