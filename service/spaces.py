@@ -388,14 +388,43 @@ def check_pair_spaces(X: np.ndarray, Y: np.ndarray, source_space: str, target_sp
     return notes
 
 
-def check_fit_spaces(registry, X: np.ndarray, Y: np.ndarray, source_space: str, target_space: str) -> list[str]:
+def check_fit_spaces(registry, X: np.ndarray, Y: np.ndarray, source_space: str, target_space: str,
+                     unpaired: dict | None = None) -> list[str]:
     """A fit's source rows ``X`` against ``source_space`` and target rows ``Y`` against ``target_space``
-    (:func:`check_pair_spaces` with the registry's references, both sides' widths read in one call). Returns the
-    warnings of sides references exist for but that none recognises."""
-    return check_pair_spaces(
-        X, Y, source_space, target_space, lambda: space_references(registry, {X.shape[1], Y.shape[1]}),
+    (:func:`check_pair_spaces` with the registry's references, both sides' widths read in one call), then its
+    ``unpaired`` sets (``{"unpaired_source": U, "unpaired_target": V}``, either or none) by the same rule
+    (:func:`check_rows`) against their side's space, with this fit's own sides as references too: rows of the
+    other side's model given as ``--unpaired-source`` were fitted into the source frame, which then served as the
+    space's reference. Returns the warnings of sides references exist for but that none recognises."""
+    got: dict = {}
+
+    def refs() -> dict:  # both sides' widths in one call, made once
+        if not got:
+            got["all"] = space_references(registry, {X.shape[1], Y.shape[1]})
+        return got["all"]
+    notes = check_pair_spaces(
+        X, Y, source_space, target_space, refs,
         fix={side: f"if they are rows of {{other}}, say so ({option} {{other}}), or swap the files"
              for side, option in (("source", "--source-space / source_space"),
                                   ("target", "--target-space / target_space"))},
         swapped=f"a map fitted on them would go {target_space} -> {source_space} under the name of "
                 f"{source_space} -> {target_space}")
+    sides = {"source": (X, source_space), "target": (Y, target_space)}
+
+    def with_sides() -> dict:  # the registry's and this fit's own (a first fit has only its own), made once
+        if "sides" not in got:
+            got["sides"] = {s: list(rs) for s, rs in refs().items()}
+            for side, (M, space) in sides.items():
+                got["sides"].setdefault(space, []).append(Reference(space, Frame.fit(M, name=side),
+                                                                    f"this fit's {side} rows"))
+        return got["sides"]
+    for key, U in (unpaired or {}).items():
+        side = key.split("_", 1)[1]
+        M, space = sides[side]
+        other = "target" if side == "source" else "source"
+        check_rows(U, space, with_sides, name=f"the unpaired {side} rows",
+                   fix=f"unpaired {side} rows are more rows of the {side} model beside the pairs: give {space!r} "
+                       f"rows as --unpaired-{side} / unpaired_{side} (rows of the {other} model, "
+                       f"{sides[other][1]!r}, go in --unpaired-{other} / unpaired_{other})",
+                   own_extra=lambda M=M, side=side: Frame.fit(M, name=side), warn=notes.append)
+    return notes

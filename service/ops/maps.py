@@ -288,10 +288,11 @@ def run_fit(registry: Registry, *, name: str, source, target, method: str, param
                 continue
             if have != M.shape[1]:
                 raise ConflictError(f"space {space!r} is {have}-d, not {M.shape[1]}-d")
-        for note in check_fit_spaces(registry, X, Y, source_space, target_space):  # swapped files: refused here
-            warnings.warn(note, VecbridgeWarning, stacklevel=2)
         rest = check_unpaired((X.shape[1], Y.shape[1]), unpaired_source=unpaired_source,
                               unpaired_target=unpaired_target)
+        # swapped files, and unpaired rows of the other side's model (they make the side's frame): refused here
+        for note in check_fit_spaces(registry, X, Y, source_space, target_space, unpaired=rest):
+            warnings.warn(note, VecbridgeWarning, stacklevel=2)
         hashes = ({"source": sha256_array(X), "target": sha256_array(Y)} if stream is None else stream.scan()["hashes"])
         hashes.update({k: sha256_array(U) for k, U in rest.items()})
         if seed_pairs is not None:

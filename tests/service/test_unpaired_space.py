@@ -9,9 +9,18 @@ MiniLM rows were warned "unchecked". POST /v1/fits with e5 rows as ``unpaired_so
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
+from _api_support import W, settings_for, vectors_b64
+from _jobs_support import wait_http_job
 from conftest import run_cli
+from fastapi.testclient import TestClient
+
+from service.api import create_app
+
+PAIRS, REST = slice(0, 400), slice(400, 2400)
 
 
 @pytest.fixture(scope="module")
@@ -22,6 +31,44 @@ def files(wordnet, tmp_path_factory):
         out[name] = tmp / f"{name}.npy"
         np.save(out[name], np.asarray(wordnet[name][:3000], np.float32))
     return out
+
+
+def _fit(capsys, data, files, *args, name="mi-e5"):
+    return run_cli(capsys, "--data-dir", data, "fit", "--pairs", "--source", files["minilm"], "--target", files["e5"],
+                   "--rows", "0:400", "--method", "auto", "--param", 'candidates=["procrustes"]', "--name", name,
+                   "--source-space", "minilm", "--target-space", "e5", "--quiet", *args)
+
+
+def test_cli_fit_refuses_unpaired_rows_of_the_other_sides_model(capsys, tmp_path, files):
+    """On a registry with no map yet: the fit's own sides tell the unpaired rows' model."""
+    data = tmp_path / "var"
+    code, _, err = _fit(capsys, data, files, "--unpaired-source", files["e5"], "--unpaired-source-rows", "400:2400")
+    assert code == 2 and "the unpaired source rows look like space 'e5', not 'minilm'" in err, err
+    assert "(this fit's target rows)" in err and "--unpaired-target / unpaired_target" in err, err
+    code, _, err = _fit(capsys, data, files, "--unpaired-target", files["minilm"], "--unpaired-target-rows", "400:2400")
+    assert code == 2 and "the unpaired target rows look like space 'minilm', not 'e5'" in err, err
+    assert json.loads(run_cli(capsys, "--data-dir", data, "registry", "list", "--json")[1])["maps"] == []
+    code, out, err = _fit(capsys, data, files, "--unpaired-source", files["minilm"], "--unpaired-source-rows",
+                          "400:2400", "--unpaired-target", files["e5"], "--unpaired-target-rows", "400:2400")
+    assert code == 0 and "registered mi-e5:1" in out and "unpaired" not in err, err
+
+
+def test_http_fit_refuses_unpaired_rows_of_the_other_sides_model(tmp_path, wordnet):
+    mi, e5 = (np.asarray(wordnet[n][:2400], np.float32) for n in ("minilm", "e5"))
+    body = {"name": "mi-e5", "source_space": "minilm", "target_space": "e5", "method": "auto",
+            "params": {"candidates": ["procrustes"]}, "source": vectors_b64(mi[PAIRS]),
+            "target": vectors_b64(e5[PAIRS])}
+    with TestClient(create_app(settings_for(tmp_path, max_batch=5000, max_body_bytes=20_000_000))) as c:
+        for key, rows, message in (("unpaired_source", e5[REST], "the unpaired source rows look like space 'e5'"),
+                                   ("unpaired_target", mi[REST], "the unpaired target rows look like space 'minilm'")):
+            r = c.post("/v1/fits", headers=W, json={**body, key: vectors_b64(rows)})
+            assert r.status_code == 202, r.text
+            job = wait_http_job(c, r.json()["id"], headers=W)
+            assert job["state"] == "failed" and message in job["error"]["message"], job
+        assert c.get("/v1/maps", headers=W).json()["data"] == []
+        r = c.post("/v1/fits", headers=W, json={**body, "unpaired_source": vectors_b64(mi[REST])})
+        job = wait_http_job(c, r.json()["id"], headers=W)
+        assert job["state"] == "succeeded", job
 
 
 def test_one_map_of_another_models_rows_is_not_a_spaces_reference(capsys, tmp_path, files):
