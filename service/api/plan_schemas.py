@@ -124,6 +124,11 @@ class EvaluateResponse(_Open):
     retention: Share
     intervals: dict[str, Any] | None = Field(None, description="When a sample of the pairs was ranked: the 95 % "
                                                                "interval of each share.")
+    top1_chance: dict[str, Any] | None = Field(None, description="`top1` against a random map's: `hits` of "
+                                               "`n_queries` rows, `candidates` per row, `chance_p` (how often a random "
+                                               "map finds as many) and `undecided` (why its pass says nothing: "
+                                               "`chance_p` at least 0.01, and a `min_top1` it reaches is a 422; else "
+                                               "null).")
     min_top1: float | None = None
     min_retention: float | None = None
     result: Literal["PASS", "FAIL"] | None = Field(None, description="With a gate: PASS only when each gate passes.")

@@ -42,7 +42,8 @@ from ..progress import checkpoint, stoppable
 from ..spaces import check_pair_spaces, map_references
 
 __all__ = ["MIGRATION_METHODS", "fit_migration_map", "check_semi_supervised", "plan", "retention_gate", "evaluate_map",
-           "check_eval_spaces", "proxy_chance", "retention_scope", "RETENTION_KEY", "LABELLED_KEY", "EVAL_MAX_QUERIES"]
+           "check_eval_spaces", "proxy_chance", "top1_chance", "chance_verdict", "retention_scope", "RETENTION_KEY",
+           "LABELLED_KEY", "EVAL_MAX_QUERIES"]
 
 MIGRATION_METHODS = ("auto", "contrastive", "cluster")
 #: pairs ranked by `eval` (CLI / HTTP) unless told otherwise: a seeded sample of this many above it, each still
@@ -255,12 +256,36 @@ def proxy_chance(res: dict) -> dict:
                 "undecided": f"it is undefined: it needs at least 12 distinct held-out pairs (a query, its nearest "
                              f"other row and 10 more), got {n}; give more held-out pairs"}
     rate, hits = min(1.0, 10 / (n - 1)), round(r * q)
+    p, why = chance_verdict(hits, q, rate, verbs=("kept", "keeps"),
+                            odds=f"with {n} held-out pairs each relevant row is one of {n - 1} candidates, in a random "
+                                 f"top 10")
+    return {"kept": hits, "n_queries": q, "candidates": n - 1, "chance_p": p, "undecided": why}
+
+
+def top1_chance(res: dict) -> dict:
+    """How the top-1 of ``res`` (:func:`align.evaluate`'s) compares with a random map's, as :func:`proxy_chance` for
+    the proxy: ``hits`` of ``n_queries`` rows, ``candidates`` per row, ``chance_p`` (how often a random map, which
+    ranks a row's own target first one time in ``candidates``, finds as many) and ``undecided``, why its pass says
+    nothing (``chance_p`` at least :data:`align.retrieval.CHANCE_LEVEL`: a map of shuffled pairs, held-out top-1
+    0.01, PASSed ``--min-top1 0.9`` on 3 pairs in 2 of 12 tries), else None."""
+    n, q = int(res["n_candidates"]), int(res["n_queries"])
+    hits = round(float(res["top1"]) * q)
+    p, why = chance_verdict(hits, q, 1.0 / max(n, 1), verbs=("matched", "matches"),
+                            odds=f"with {n} held-out pairs each mapped row's own target is one of {n} candidates, "
+                                 f"ranked first by a random map")
+    return {"hits": hits, "n_queries": q, "candidates": n, "chance_p": p, "undecided": why}
+
+
+def chance_verdict(hits: int, q: int, rate: float, *, verbs: tuple[str, str], odds: str) -> tuple[float, str | None]:
+    """The one chance rule of the eval gates (:func:`proxy_chance`, :func:`top1_chance`): ``(p, why)``, ``p`` how
+    often a random map scores ``hits`` of ``q`` rows or more when each row scores with probability ``rate``, ``why``
+    (None when ``p`` is below :data:`align.retrieval.CHANCE_LEVEL`) the words of a pass that says nothing: ``verbs``
+    its past and present ("kept", "keeps"), ``odds`` what ``rate`` is the odds of."""
     p = chance_p_value(hits, q, rate)
     why = None if p < CHANCE_LEVEL else (
-        f"it kept {hits} of {q} rows, and with {n} held-out pairs each relevant row is one of {n - 1} candidates, in "
-        f"a random top 10 {rate:.0%} of the time ({expected_hits(q, rate)} rows expected): a random map keeps as many "
-        f"{p:.0%} of the time, so its pass says nothing")
-    return {"kept": hits, "n_queries": q, "candidates": n - 1, "chance_p": p, "undecided": why}
+        f"it {verbs[0]} {hits} of {q} rows, and {odds} {rate:.0%} of the time ({expected_hits(q, rate)} rows "
+        f"expected): a random map {verbs[1]} as many {p:.0%} of the time, so its pass says nothing")
+    return p, why
 
 
 def _above_native(r: dict) -> list[str]:
@@ -331,8 +356,10 @@ def evaluate_map(registry, ref: str, X: np.ndarray, Y: np.ndarray, *, csls: bool
 
     Keys: those of :func:`align.evaluate` (its ``cos`` is in the target's centred frame), ``cos_raw`` (the
     mean cosine of the map's raw output, what ``transform`` writes, with the native target rows),
-    ``retrieval`` (:func:`retention_gate`), ``retention``, ``map`` (the resolved ref) and, when a gate is
-    given, ``min_top1`` / ``min_retention`` and ``result`` (``"PASS"`` only when every given gate passes).
+    ``retrieval`` (:func:`retention_gate`), ``retention``, ``map`` (the resolved ref), ``top1_chance``
+    (:func:`top1_chance`) and, when a gate is given, ``min_top1`` / ``min_retention`` and ``result`` (``"PASS"``
+    only when every given gate passes). A ``min_top1`` above 0 that a top-1 at chance would pass is an InputError,
+    as the retention gate's is (a FAIL stands).
     ``record`` stores top-1, mean rank, cosine, recall@10, the candidate count and the rows ranked
     (``n_queries``) as tags ``eval.*`` on the version (they rank paths), with ``eval.top1_interval`` when a sample
     was ranked (JSON ``[low, high]``; tags are text), and with labelled ``queries`` / ``relevant`` (see
@@ -361,6 +388,10 @@ def evaluate_map(registry, ref: str, X: np.ndarray, Y: np.ndarray, *, csls: bool
     m = registry.load_map(v)
     notes = check_eval_spaces(v, m, X, Y)
     res = align.evaluate(m, X, Y, csls=csls, max_queries=max_queries, random_state=random_state)
+    res["top1_chance"] = top1_chance(res)
+    if min_top1 is not None and (why := res["top1_chance"]["undecided"]) and res["top1"] >= min_top1 > 0:
+        raise InputError(f"the top-1 gate cannot be decided: {why}; give more held-out pairs, or evaluate without "
+                         f"the top-1 gate")  # a FAIL stands (more pairs would not lift it); a gate of 0 passes any
     checkpoint()  # between the long steps: work whose HTTP client left stops here (service.progress)
     # ``cos`` is of the target's centred frame; ``cos_raw`` of what transform writes against native target rows
     Xd, Yd, _ = distinct_pairs(X, Y)  # of the distinct pairs, as every figure (a repeated pair once)

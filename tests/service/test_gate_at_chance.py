@@ -262,3 +262,48 @@ def test_an_undecided_labelled_retention_is_not_recorded(task, capsys):
     assert code == 0 and "this retention decides no gate and is not recorded (an earlier" in out, err
     assert "removed: the eval.* tags are this run's): the native R@10" in out, out
     assert "eval.labelled_retention" not in tags() and "eval.top1" in tags()
+
+
+def test_a_top1_gate_a_random_map_would_pass_is_not_passed(task, capsys):
+    """QA (session 55): a map of shuffled pairs (held-out top-1 0.01) PASSed `--rows S:S+3 --min-top1 0.9` in 2 of 12
+    tries, and `--record` stored "top-1 1.000 among 3 candidates": with 3 pairs a random map ranks a row's own target
+    first a third of the time, and all 3 4 % of the time. As the retention gate: exit 2 (HTTP 422) when the figure
+    reaches the gate and a random map would 1 % of the time or more, nothing recorded; a FAIL stands, a gate of 0
+    passes, and 4 pairs all found are judged (a random map finds all 4 0.4 % of the time)."""
+    from service.registry import open_registry
+
+    d = task
+    common = ["--map", "minilm-e5", "--source", d / "old_docs.npy", "--target", d / "new_docs.npy"]
+    code, out, err = _eval(capsys, d, *common, "--rows", "0:3", "--min-top1", "0.9", "--record")
+    assert code == 2 and "the top-1 gate cannot be decided: it matched 3 of 3 rows" in err, (out, err)
+    assert "a random map matches as many 4% of the time" in err and "PASS" not in out, err
+    reg = open_registry(f"sqlite:///{d / 'var' / 'registry.sqlite'}", d / "var" / "artifacts")
+    try:
+        assert "eval.top1" not in (reg.resolve("minilm-e5").tags or {})
+    finally:
+        reg.close()
+    code, out, err = _eval(capsys, d, *common, "--rows", "0:3", "--json")
+    chance = json.loads(out)["top1_chance"]
+    assert code == 0 and chance["hits"] == 3 and chance["candidates"] == 3, chance
+    assert chance["chance_p"] == pytest.approx(1 / 27) and "so its pass says nothing" in chance["undecided"], chance
+    code, out, err = _eval(capsys, d, *common, "--rows", "0:3", "--min-top1", "0")
+    assert code == 0 and "PASS: top-1" in out, (out, err)
+    code, out, err = _eval(capsys, d, "--map", "e5-minilm", "--source", d / "old_docs.npy", "--target",
+                           d / "new_docs.npy", "--rows", "0:3", "--min-top1", "0.9", "--json")  # the wrong way round
+    assert code == 1 and json.loads(out)["result"] == "FAIL", (out, err)  # a FAIL at chance stands
+    code, out, err = _eval(capsys, d, *common, "--rows", "0:4", "--min-top1", "0.9", "--json")
+    res = json.loads(out)
+    assert code == 0 and res["result"] == "PASS" and res["top1_chance"]["undecided"] is None, (out, err)
+
+
+def test_http_evaluate_refuses_a_top1_gate_at_chance(task):
+    from fastapi.testclient import TestClient
+
+    d = task
+    old_docs, new_docs = np.load(d / "old_docs.npy"), np.load(d / "new_docs.npy")
+    body = {"source": vectors_b64(old_docs[:3]), "target": vectors_b64(new_docs[:3]), "min_top1": 0.9}
+    with TestClient(create_app(settings_for(d / "svc2", data_dir=d / "var"))) as c:
+        r = c.post("/v1/maps/minilm-e5/evaluate", headers=R, json=body)
+        assert r.status_code == 422 and "it matched 3 of 3 rows" in r.json()["error"]["message"], r.text
+        r = c.post("/v1/maps/minilm-e5/evaluate", headers=R, json={**body, "min_top1": 0})
+        assert r.status_code == 200 and r.json()["result"] == "PASS" and r.json()["top1_chance"]["undecided"], r.text
