@@ -433,17 +433,22 @@ class APICalls(EmbedCalls, SteerCalls, TagCalls, Calls):
     def fit(self, name: str, source_space: str, target_space: str, source, target, *, method: str | None = None,
             paired: bool | None = None, params: dict | None = None, seed_pairs: Sequence[tuple[int, int]] | None = None,
             random_state: int | None = 0, alias: str | None = None, description: str = "", encoder: str | None = None,
-            idempotency_key: str | None = None) -> dict:
+            idempotency_key: str | None = None, unpaired_source=None, unpaired_target=None) -> dict:
         """Queue a map fit; returns the job record at once (follow it with :meth:`wait`).
 
         ``source`` / ``target``: an array (n, d) or a list of texts (embedded in the job with ``encoder``, default
         each space's encoder). ``method`` None: the server's minivec2vec (``paired=True``: a 422 under 2 seed pairs).
         ``paired`` (row i <-> row i): default true for a paired method, false for minivec2vec. ``random_state``: sent
-        as given (a 422 unless an integer 0 .. 2**31-1); None: the service's 0, not a fresh seed as in :mod:`align`."""
+        as given (a 422 unless an integer 0 .. 2**31-1); None: the service's 0, not a fresh seed as in :mod:`align`.
+        ``unpaired_source`` / ``unpaired_target``: arrays (k, d) of more rows of the source / target model beside the
+        pairs (the old corpus, queries), sent as base64 float32: ``align.fit_migration``'s unpaired rows, for the
+        methods auto, contrastive and cluster."""
         body = clean({"name": name, "source_space": source_space, "target_space": target_space,
                        "source": side(source, encoder), "target": side(target, encoder), "method": method,
                        "paired": paired, "params": params or {}, "random_state": random_state, "alias": alias,
-                       "description": description, "seed_pairs": as_ints(seed_pairs, "seed_pairs", width=2)})
+                       "description": description, "seed_pairs": as_ints(seed_pairs, "seed_pairs", width=2),
+                       **{k: b64(U, k) for k, U in (("unpaired_source", unpaired_source),
+                                                    ("unpaired_target", unpaired_target)) if U is not None}})
         headers = {"Idempotency-Key": idempotency_key or new_key()}
         return (yield from self._json("POST", "/v1/fits", json=body, headers=headers))
 
