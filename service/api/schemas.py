@@ -245,6 +245,9 @@ class SearchResponse(BaseModel):
     scoring: Literal["cosine", "ip", "csls"]
     maps: list[dict]
     steers: list[dict] = Field(default_factory=list, description="Steers applied to the queries: name, version, eps.")
+    note: str | None = Field(None, description="Only when some query got fewer than `k` hits: why (an index of "
+                                               "fewer rows; an IVF index whose `nprobe` lists probed held fewer: "
+                                               "raise `nprobe` or search with `exact`).")
     results: list[list[Hit]]
 
 

@@ -44,7 +44,7 @@ from .steers import steer_queries
 
 __all__ = ["Resolver", "RegistryResolver", "Translation", "translation", "leads", "space_encoder", "SearchResult",
            "embed_texts", "create_index", "add_rows", "query_dim", "check_k", "check_hits", "search", "search_parts",
-           "check_search_knobs", "hits", "check_rows_space", "unchecked_log"]
+           "check_search_knobs", "hits", "short_note", "check_rows_space", "unchecked_log"]
 
 log = get_logger("indexes")
 
@@ -394,6 +394,27 @@ def search_parts(resolver: Resolver, idx: SpaceIndex, parts: Iterable[dict], **k
                 ref = f"{s['name']}:{s['version']}"
                 kw["steers"][ref] = kw["steers"].get(ref, 0.0) + s["eps"]
         yield found
+
+
+def short_note(found: SearchResult, *, exact: bool = False, nprobe: int | None = None) -> str | None:
+    """The answer's ``note`` when some query got fewer than ``k`` hits (None when every one got ``k``), saying why:
+    an index of fewer live rows than ``k``, or an approximate search that reached fewer (an IVF index whose
+    ``nprobe`` lists probed held fewer rows: a sparse index; deleted rows skipped). The answer said nothing, and a
+    client took the short lists for all there was."""
+    I = found.I
+    short = int(np.count_nonzero((I < 0).any(axis=1))) if I.size else 0
+    if not short:
+        return None
+    idx, k = found.index, found.k
+    head = f"{short} of {I.shape[0]} queries got fewer than k={k} hits"
+    if idx.count < k:
+        return f"{head}: the index holds {idx.count} rows"
+    if idx.kind == "ivf" and not exact:
+        nlist = idx.params.get("nlist")
+        return (f"{head}: the {nprobe or idx.params.get('nprobe')} IVF lists probed (of nlist={nlist}) held fewer "
+                f"rows; raise nprobe (at most {nlist}) or search with exact=true")
+    knob = "raise ef_search or " if idx.kind == "hnsw" and not exact else ""
+    return f"{head}: fewer rows were reached (deleted rows are skipped); {knob}search with exact=true"
 
 
 def hits(idx: SpaceIndex, row_i: list, row_s: list, with_payloads: bool, row_p: list | None = None) -> list[dict]:

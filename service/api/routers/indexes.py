@@ -215,8 +215,11 @@ def _search_answer(res, settings, idx: SpaceIndex, opts, Q, wait: bool) -> tuple
                              csls_k=opts.csls_k if opts.csls else 0, csls_weight=opts.csls_weight,
                              steers=opts.steers, limits=settings.limits,
                              wait=wait, with_payloads=opts.include_payloads, finite=True)  # parse_rows checked
-    answer = _search_body(found.describe(), idx, found.S, found.I, opts.include_payloads,
-                          settings.limits.max_response_bytes, found.P)
+    head = found.describe()
+    if note := index_ops.short_note(found, exact=opts.exact, nprobe=opts.nprobe):
+        head["note"] = note  # some query got fewer than k hits: why (a sparse IVF index's nprobe, few rows)
+    answer = _search_body(head, idx, found.S, found.I, opts.include_payloads, settings.limits.max_response_bytes,
+                          found.P)
     return found, Response(answer, media_type=JSON)
 
 
