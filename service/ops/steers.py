@@ -38,10 +38,11 @@ from ..registry.names import MAX_NAME, check_alias, check_name
 from ..registry.quality import heldout_doubt, reliable
 from ..registry.retry import until_registered
 from ..spaces import MEAN_CHECK_MIN_ROWS, check_rows, space_references
-from .transform import first_rows, rows_through
+from .transform import check_no_zero_rows, first_rows, rows_of_input, rows_through
 
 __all__ = ["STEER_PARAMS", "STEER_METHOD_NAMES", "check_steer_params", "check_steer_fit", "fit_steer_job",
-           "space_for_rows", "fit_and_register", "embed_and_register", "apply_steer_job", "steer_lens", "describe_lens",
+           "space_for_rows", "fit_and_register", "embed_and_register", "apply_steer_job", "check_steer_zero_rows",
+           "steer_lens", "describe_lens",
            "set_steer_alias", "delete_steer_alias", "delete_steer_version", "bare_steer_ref", "transfer_and_register",
            "steer_queries", "check_steer_eps", "check_summed_eps", "steer_file", "steer_text_encoder",
            "check_steer_rows", "fit_verdict", "unreliable_steer_note", "alias_held_back", "STEER_MIN_HELDOUT_GAIN"]
@@ -443,6 +444,18 @@ def check_steer_rows(registry, X, space: str, *, use: str, name: str, ref: str |
                encoder=encoder)
 
 
+#: why a steer refuses an all-zero row (:func:`check_steer_zero_rows`), after transform's "a zero row has no direction"
+ZERO_STEERED_ROW = ("and steering it answers zeros (a mean-shift steer: its shift alone), a vector of no row's "
+                    "own (a transform and a search refuse zero rows too)")
+
+
+def check_steer_zero_rows(Q: np.ndarray, name: str, first: int = 0, file_rows=None) -> None:
+    """DegenerateInputError naming the all-zero rows of ``Q`` (:func:`service.ops.transform.check_no_zero_rows`, in
+    its words): a steer answered them with zeros, or a mean-shift steer's shift (HTTP 200, exit 0), where a
+    transform refuses them."""
+    check_no_zero_rows(Q, name, first, file_rows=file_rows, why=ZERO_STEERED_ROW)
+
+
 def steer_file(registry, ref: str, eps: float, inp, out, *, chunk_rows: int = 65536, rows=None,
                key: str | None = None, column: str | None = None, encoder: str | None = None,
                text_field: str = "text", progress: Progress | None = None,
@@ -469,11 +482,20 @@ def steer_file(registry, ref: str, eps: float, inp, out, *, chunk_rows: int = 65
     elif (first := first_rows(inp, rows=rows, key=key, column=column)) is not None and first.shape[1] == info.dim:
         check(first, f"the rows of {Path(inp).name}")
 
+    file_rows = rows_of_input(inp, rows, key=key, column=column, text_field=text_field)
+
+    def nonzero(chunks):  # all-zero rows refused, numbered as rows of the input, before their chunk is written
+        done = 0
+        for Q in chunks:
+            check_steer_zero_rows(Q, Path(inp).name, done, file_rows)
+            done += Q.shape[0]
+            yield Q
+
     def steered(chunks):
         # texts embedded by a model the space does not name: their first MEAN_CHECK_MIN_ROWS rows checked before
         # any is written, over as many chunks as that takes (the first chunk alone: --chunk-rows 49 skipped it)
         held, seen = [], 0
-        for Q in chunks:
+        for Q in nonzero(chunks):
             if text and not registered and held is not None:
                 held.append(Q)
                 seen += Q.shape[0]

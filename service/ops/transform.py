@@ -32,8 +32,8 @@ from ..storage import check_writable
 from ..tables import MappedWriter
 from ..vectordb.keep import check_keep
 
-__all__ = ["check_direction", "check_direction_rows", "check_no_zero_rows", "first_rows", "rows_through",
-           "transform_file"]
+__all__ = ["check_direction", "check_direction_rows", "check_no_zero_rows", "first_rows", "rows_of_input",
+           "rows_through", "transform_file"]
 
 
 def transform_file(registry, ref: str, inp, out, *, chunk_rows: int = 65536, output: str = "raw", rows=None,
@@ -75,11 +75,7 @@ def transform_file(registry, ref: str, inp, out, *, chunk_rows: int = 65536, out
     else:  # texts: their first embedded rows are checked as they come (embedding them twice would cost)
         check_direction(v, m, inp, rows=rows, key=key, column=column, warn=warn)
 
-    def file_rows(at: np.ndarray) -> np.ndarray:  # places among the rows read -> rows of the input (only to tell)
-        if rows is None:
-            return at
-        sel = resolve_rows(parse_rows(rows), count_rows(inp, key=key, column=column, text_field=text_field), inp)
-        return at + sel.start if isinstance(sel, slice) else np.asarray(sel)[at]
+    file_rows = rows_of_input(inp, rows, key=key, column=column, text_field=text_field)
 
     def mapped(chunks):
         name, skip = Path(inp).name, None if kept is None else kept[0]
@@ -115,14 +111,20 @@ def transform_file(registry, ref: str, inp, out, *, chunk_rows: int = 65536, out
             "note": res["note"], **({} if kept is None else {"kept": int(kept[0].size)})}
 
 
+#: why a transform refuses an all-zero row (:func:`check_no_zero_rows`)
+ZERO_MAPPED_ROW = ("and the map would send it to its offset, a made-up vector ranked like a real one (a search "
+                   "through a map and a migration refuse it too)")
+
+
 def check_no_zero_rows(X: np.ndarray, name: str, first: int = 0, skip: np.ndarray | None = None, *,
-                       file_rows: Callable[[np.ndarray], np.ndarray] | None = None) -> None:
+                       file_rows: Callable[[np.ndarray], np.ndarray] | None = None, why: str = ZERO_MAPPED_ROW) -> None:
     """DegenerateInputError naming the all-zero rows of ``X`` (n, d) (numbered from ``first``; those in ``skip``, rows
     written native, let through). A zero row has no direction: a map sent it to its offset (the image of the frame's
     origin), a made-up vector that then ranked like a real one, where a search through a map and a migration refuse
     it. ``LinearMap.apply`` keeps that image (the library's defined value); the transform, HTTP and CLI, refuses.
     ``file_rows``: ``X`` is a chunk of the rows read from a file (those before it: ``first``), and the rows of that
-    file these numbers are (``--rows`` selects some): the message names those, counted over the rows read so far."""
+    file these numbers are (``--rows`` selects some): the message names those, counted over the rows read so far.
+    ``why``: what the row would have become (a steer's refusal says its own)."""
     zero = ~np.logical_or.reduce(X != 0, axis=1)  # NaN is not zero (the apply names it)
     if X.shape[0] and zero.any():
         at = np.flatnonzero(zero) + first
@@ -133,10 +135,20 @@ def check_no_zero_rows(X: np.ndarray, name: str, first: int = 0, skip: np.ndarra
                 at = file_rows(at)
                 where = f"{at.size} all-zero row(s) in the first {first + X.shape[0]} rows read (input row "
             shown = ", ".join(map(str, at[:10].tolist())) + (", ..." if at.size > 10 else "")
-            raise DegenerateInputError(f"{name}: {where}{shown}); a zero row has no direction, "
-                                       "and the map would send it to its offset, a made-up vector ranked like a real "
-                                       "one (a search through a map and a migration refuse it too): drop such rows "
-                                       "or embed them")
+            raise DegenerateInputError(f"{name}: {where}{shown}); a zero row has no direction, {why}: drop such "
+                                       f"rows or embed them")
+
+
+def rows_of_input(inp, rows, *, key: str | None = None, column: str | None = None,
+                  text_field: str = "text") -> Callable[[np.ndarray], np.ndarray]:
+    """``file_rows`` of :func:`check_no_zero_rows`: places among the rows read of ``inp`` -> rows of the input
+    (``rows``, ``--rows``, selects some; only to tell)."""
+    def file_rows(at: np.ndarray) -> np.ndarray:
+        if rows is None:
+            return at
+        sel = resolve_rows(parse_rows(rows), count_rows(inp, key=key, column=column, text_field=text_field), inp)
+        return at + sel.start if isinstance(sel, slice) else np.asarray(sel)[at]
+    return file_rows
 
 
 def _no_zero_rows(chunks: Iterable[np.ndarray], name: str, skip: np.ndarray | None,

@@ -112,6 +112,7 @@ async def apply_steer(ref: RefPath, request: Request, state: StateDep, settings:
         obj, opts = parse_options(body, SteerApplyOptions)
         info, steer = state.resolve_steer(ref)
         Q = vectors_from_json(obj, dim=info.dim, max_batch=settings.max_batch, bools=may_hold_bools(body))
+        steer_ops.check_steer_zero_rows(Q, "vectors")  # as POST /v1/maps/{ref}/transform refuses them
         steer_ops.check_steer_rows(state.registry, Q, info.space, use="apply", ref=info.ref, name="the vectors",
                                    references=lambda: state.space_references(info.dim))
         return info, opts, steer_ops.apply_steer_job(Q, [(steer, opts.eps)])

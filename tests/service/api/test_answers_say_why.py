@@ -1,6 +1,8 @@
 """What a QA pass of the HTTP API found answered without a word, or in Python's words (session 55):
 
 - an IVF search whose probed lists held fewer than k rows answered short lists with no note;
+- POST /v1/steers/{ref}/apply (and `vecbridge steer apply`) of an all-zero row answered zeros, where a transform
+  refuses zero rows;
 """
 
 from __future__ import annotations
@@ -8,6 +10,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from _api_support import R, W, served_world, vectors_b64
+from conftest import run_cli
+
+from align.steer import MeanShift
 
 
 @pytest.fixture(scope="module")
@@ -36,3 +41,28 @@ def test_an_ivf_search_that_got_fewer_than_k_hits_says_why(world):
         assert "note" not in r.json(), r.json()["note"]
     r = c.post("/v1/indexes/sparse/search", headers=R, json={"k": 201, "exact": True, **vectors_b64(X[:1])})
     assert r.status_code == 200 and r.json()["note"].endswith("the index holds 200 rows"), r.text
+
+
+def test_a_steer_refuses_an_all_zero_row_in_the_words_of_a_transform(world, capsys):
+    c, app, data = world
+    app.state.vb.registry.register_steer("lift", MeanShift(np.ones(16, np.float32)), space="a")
+    Q = np.array(data["X"][:3])
+    Q[1] = 0.0
+    for url in ("/v1/steers/lift/apply", "/v1/maps/a2b/transform"):
+        r = c.post(url, headers=R, json={"vectors": Q.tolist(), **({"eps": 1.0} if "steers" in url else {})})
+        assert r.status_code == 422, (url, r.text)
+        msg = r.json()["error"]["message"]
+        assert msg.startswith("vectors: 1 all-zero row(s) (row 1); a zero row has no direction"), (url, msg)
+    r = c.post("/v1/steers/lift/apply", headers=R, json={"vectors": data["X"][:3].tolist(), "eps": 1.0})
+    assert r.status_code == 200, r.text
+    # `vecbridge steer apply` as well, naming the row of the file (--rows 2:5: the file's row 3)
+    rows = np.array(data["X"][:6])
+    rows[3] = 0.0
+    np.save(data["tmp"] / "q.npy", rows)
+    base = ("--data-dir", data["tmp"] / "data", "steer", "apply", "--steer", "lift", "--eps", "1")
+    code, _, err = run_cli(capsys, *base, data["tmp"] / "q.npy", data["tmp"] / "out.npy", "--rows", "2:5")
+    assert code == 2 and "q.npy: 1 all-zero row(s) in the first 3 rows read (input row 3); a zero row has no " \
+                          "direction, and steering it answers zeros" in err, err
+    assert not (data["tmp"] / "out.npy").exists()
+    code, _, err = run_cli(capsys, *base, data["tmp"] / "q.npy", data["tmp"] / "out.npy", "--rows", "0:3")
+    assert code == 0 and (data["tmp"] / "out.npy").exists(), err
