@@ -459,6 +459,7 @@ def vectors_from_binary(body: bytes, mt: str, *, dim: int | None, max_batch: int
         if not body.startswith((b"\x93NUMPY", b"PK\x03\x04")):
             raise InputError("body is not a .npy file (no NumPy header); send one array of numbers saved with "
                              "numpy.save, or raw float32 as application/octet-stream" + _json_sent_as(body))
+        _check_npy_header(body, max_batch)  # before np.load allocates what the header claims
         try:
             arr = np.load(io.BytesIO(body), allow_pickle=False)
         except Exception as exc:
@@ -489,6 +490,29 @@ def vectors_from_binary(body: bytes, mt: str, *, dim: int | None, max_batch: int
     X = as_matrix(arr, name="vectors", dim=dim, finite=finite)
     check_batch(X.shape[0], max_batch)
     return X
+
+
+def _check_npy_header(body: bytes, max_batch: int) -> None:
+    """The shape and dtype a ``.npy`` body's header claims against the bytes after it, before ``np.load`` allocates
+    the array: a header claiming (10**7, 10**6) float32 made the server try to allocate "140. TiB" and answer numpy's
+    words. Too few or too many bytes: ShapeError (422) naming both figures; more rows than ``max_batch``: 413. A
+    header that does not parse, or an object dtype, is left to ``np.load`` (its refusals say so)."""
+    f = io.BytesIO(body)
+    try:
+        major, _ = np.lib.format.read_magic(f)
+        read = np.lib.format.read_array_header_1_0 if major == 1 else np.lib.format.read_array_header_2_0
+        shape, _, dtype = read(f)
+    except Exception:  # noqa: BLE001 - np.load reads it again and says what is wrong
+        return
+    if dtype.hasobject or not all(isinstance(n, int) and n >= 0 for n in shape):
+        return
+    need, have = int(np.prod(shape, dtype=object)) * dtype.itemsize, len(body) - f.tell()
+    if need != have:
+        raise ShapeError(f"the .npy header claims a {' x '.join(map(str, shape)) or 'scalar'} array of {dtype} "
+                         f"({need} bytes), but the body holds {have} bytes after its header; send the whole array "
+                         f"numpy.save wrote")
+    if len(shape) == 2:
+        check_batch(shape[0], max_batch)
 
 
 _B64_BLOCK = 16 << 20  # characters (a multiple of 4) / 12 << 20 bytes per call: ~1-2 ms holding the GIL (pybase64)

@@ -3,9 +3,12 @@
 - an IVF search whose probed lists held fewer than k rows answered short lists with no note;
 - POST /v1/steers/{ref}/apply (and `vecbridge steer apply`) of an all-zero row answered zeros, where a transform
   refuses zero rows;
+- a .npy body whose header claims a huge shape was allocated per the header ("Unable to allocate 140. TiB");
 """
 
 from __future__ import annotations
+
+import io
 
 import numpy as np
 import pytest
@@ -66,3 +69,24 @@ def test_a_steer_refuses_an_all_zero_row_in_the_words_of_a_transform(world, caps
     assert not (data["tmp"] / "out.npy").exists()
     code, _, err = run_cli(capsys, *base, data["tmp"] / "q.npy", data["tmp"] / "out.npy", "--rows", "0:3")
     assert code == 0 and (data["tmp"] / "out.npy").exists(), err
+
+
+def _npy(shape, payload: bytes) -> bytes:
+    buf = io.BytesIO()
+    np.lib.format.write_array_header_1_0(buf, {"descr": "<f4", "fortran_order": False, "shape": shape})
+    return buf.getvalue() + payload
+
+
+def test_a_npy_header_is_checked_against_the_body_before_anything_is_allocated(world):
+    c, _, _ = world
+    hdr = {**R, "content-type": "application/x-npy"}
+    url = "/v1/maps/a2b/transform"
+    r = c.post(url, headers=hdr, content=_npy((10**7, 10**6), b"\0" * 64))
+    assert r.status_code == 422, r.text
+    msg = r.json()["error"]["message"]
+    assert "claims a 10000000 x 1000000 array of float32 (40000000000000 bytes)" in msg and "64 bytes" in msg, msg
+    assert "allocate" not in msg
+    r = c.post(url, headers=hdr, content=_npy((2000, 16), b"\0" * (2000 * 16 * 4)))  # whole, over max_batch
+    assert r.status_code == 413 and "2000 rows" in r.text, r.text
+    r = c.post(url, headers=hdr, content=_npy((3, 16), np.ones((3, 16), "<f4").tobytes()))
+    assert r.status_code == 200 and r.headers["X-Shape"] == "3,16", r.headers
