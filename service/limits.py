@@ -32,7 +32,7 @@ __all__ = [
     "whole_int",
     "check_index_params", "seed_of", "check_dim", "check_json_depth", "check_int_literal", "JSON_INT_RANGE",
     "parse_strict_int", "check_range", "default_nlist", "default_nprobe", "IVF_SCAN_ROWS",
-    "ivf_training", "limits_markdown", "WHOLE_BODY", "whole_body_command",
+    "ivf_training", "limits_markdown", "WHOLE_BODY", "whole_body_command", "json_type",
 ]
 
 MAX_DIM = 65_536  # columns of a space / index / vector
@@ -271,6 +271,18 @@ def seed_of(params: dict | None, random_state: Any, given: bool) -> int:
     return _int_param(0 if random_state is None else random_state, "random_state", 0, MAX_SEED)
 
 
+def json_type(value: Any) -> str:
+    """``value``'s JSON type as a client wrote it (``null``, ``boolean``, ``number``, ``string``, ``array``,
+    ``object``), for "must be an object, got ..." (Python's ``NoneType`` / ``list`` / ``str`` named no JSON type)."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, (int, float)):
+        return "number"
+    return {str: "string", list: "array", dict: "object"}.get(type(value), type(value).__name__)
+
+
 def check_index_params(kind: str, params: dict | None, *, n_rows: int | None = None, dim: int | None = None,
                        random_state: Any = 0) -> dict:
     """Validated copy of ``params`` for an index of ``kind``; :class:`InputError` (422) otherwise.
@@ -289,7 +301,7 @@ def check_index_params(kind: str, params: dict | None, *, n_rows: int | None = N
     if params is None:
         params = {}
     if not isinstance(params, dict):
-        raise InputError(f"index params must be an object, got {type(params).__name__}")
+        raise InputError(f"index params must be an object, got {json_type(params)}")
     rules = INDEX_PARAM_RULES[kind]
     random_state = _int_param(random_state, "random_state", 0, MAX_SEED)
     out: dict = {}

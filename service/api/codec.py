@@ -30,7 +30,7 @@ import pybase64
 from align.validation import as_matrix
 from align.exceptions import DimensionMismatchError, EmptyInputError, InputError, ShapeError
 
-from ..limits import JSON_INT_RANGE, MAX_DIM, MAX_JSON_DEPTH, check_json_depth
+from ..limits import JSON_INT_RANGE, MAX_DIM, MAX_JSON_DEPTH, check_json_depth, json_type
 from ..errors import PayloadTooLargeError, UnsupportedMediaTypeError
 from .number_types import whole_int
 from .responses import loads
@@ -133,7 +133,7 @@ def parse_json(body: bytes, *, untyped: bool = False, reads_binary: bool = False
                              "with ?dim=N") from None
         raise InputError(f"body is not valid JSON: {_not_utf8(body) or exc}") from None
     if not isinstance(obj, dict):
-        raise InputError(f"body must be a JSON object, got {type(obj).__name__}")
+        raise InputError(f"body must be a JSON object, got {json_type(obj)}")
     if _check_depth(obj):
         _check_int_range(body)
     if _key_ends(body) != _keys(obj):  # a key given twice (or the count cannot tell): parsed again to name it

@@ -38,7 +38,10 @@ IdempotencyKey = Annotated[str | None, Header(alias="Idempotency-Key", min_lengt
 
 
 def job_route(router: APIRouter, path: str, *, kind: str, summary: str, description: str, body_model, example: str):
-    """Register ``plan`` as ``POST path`` queueing a job of ``kind`` (JSON body of ``body_model``)."""
+    """Register ``plan`` as ``POST path`` queueing a job of ``kind`` (JSON body of ``body_model``; one of
+    :data:`service.ops.jobs.JOB_KINDS`, which ``GET /v1/jobs?kind=`` takes)."""
+    if kind not in job_ops.JOB_KINDS:
+        raise ValueError(f"job kind {kind!r} is not in service.ops.jobs.JOB_KINDS")
 
     def register(plan: Callable):
         async def endpoint(request: Request, state: StateDep, settings: SettingsDep,

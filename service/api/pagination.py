@@ -70,16 +70,20 @@ async def page_params(limit: int | None = Query(None, ge=1, le=MAX_LIMIT,
 Page = Annotated[PageParams, Depends(page_params)]
 
 
-def paginate(items: Sequence[Any], key: Callable[[Any], Any], page: PageParams, descending: bool = False) -> dict:
+def paginate(items: Sequence[Any], key: Callable[[Any], Any], page: PageParams, descending: bool = False, *,
+             cursor_type: type | None = None) -> dict:
     """One page of ``items`` (any order; sorted here by ``key``, ``descending`` for the greatest key first) as
     ``{"data": [...], "next": cursor | None}``.
 
     ``key(item)`` must be unique per item and comparable with the keys of the other items
-    (and with the decoded cursor: a str, int, float or a tuple of them).
+    (and with the decoded cursor: a str, int, float or a tuple of them). ``cursor_type``: the type every key has
+    (``str`` for a list by name): a cursor of another is refused even when the list is empty (it answered 200
+    there, where a list with items answered 422).
     """
     ordered = sorted(items, key=key, reverse=descending)
     if page.cursor is not None:
         after = decode_cursor(page.cursor)
+        _check_type(after, cursor_type)
         try:
             ordered = [it for it in ordered if (key(it) < after if descending else key(it) > after)]
         except TypeError:
@@ -99,24 +103,29 @@ def _first(ordered: list, limit: int | None, key: Callable[[Any], Any]) -> dict:
 _FOREIGN = "cursor does not belong to this list; send the `next` value of the previous page"
 
 
+def _check_type(after: Any, cursor_type: type | None) -> None:
+    """InputError (:data:`_FOREIGN`) for a decoded cursor that is not a ``cursor_type`` (None: not checked here)."""
+    if cursor_type is not None and (not isinstance(after, cursor_type) or isinstance(after, bool)):
+        raise InputError(_FOREIGN)
+
+
 def keyset_page(load_page: Callable[[str | None, int | None], Sequence[dict]], page: PageParams) -> dict:
     """:func:`paginate` by name of a list whose ``load_page(after, n)`` answers its items in name order (as Python
     sorts), only those whose name is greater than ``after`` (None: from the first), at most ``n`` (None: all):
-    the page is chosen before its items are built. The same answers as :func:`paginate`, a foreign cursor's
-    refusal included (none when the list is empty)."""
+    the page is chosen before its items are built. The same answers as :func:`paginate` with ``cursor_type=str``,
+    a foreign cursor's refusal included (an empty list's too)."""
     after = None if page.cursor is None else decode_cursor(page.cursor)
-    if page.cursor is not None and not isinstance(after, str):  # paginate compares it with each name: TypeError
-        if load_page(None, 1):
-            raise InputError(_FOREIGN)
-        return {"data": [], "next": None}
+    if page.cursor is not None:
+        _check_type(after, str)
     items = list(load_page(after, None if page.limit is None else page.limit + 1))
     return _first(items, page.limit, lambda d: d["name"])
 
 
 async def paged(load: Callable[[], Sequence[dict]], page: PageParams, key: Callable[[Any], Any] | None = None):
     """The JSON answer of a list route: ``load()`` (run off the event loop), one page of it by ``key``
-    (default: the item's ``name``)."""
-    return FastJSONResponse(paginate(await run_in_threadpool(load), key or (lambda d: d["name"]), page))
+    (default: the item's ``name``, and a cursor must be a name's)."""
+    return FastJSONResponse(paginate(await run_in_threadpool(load), key or (lambda d: d["name"]), page,
+                                     cursor_type=None if key else str))
 
 
 def list_route(router, path: str, *, name: str, summary: str, response_model,

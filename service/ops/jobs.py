@@ -15,7 +15,11 @@ from align.exceptions import InputError
 
 from ..jobs import Job, JobContext, JobManager
 
-__all__ = ["submit", "per_key_limit", "list_jobs", "cursor_key", "get_job", "cancel_job"]
+__all__ = ["JOB_KINDS", "submit", "per_key_limit", "list_jobs", "cursor_key", "get_job", "cancel_job"]
+
+#: every kind of job the service makes: the job routes' (service.api.job_routes checks theirs are here) and the
+#: demo's; ``GET /v1/jobs?kind=`` takes these (another answered an empty 200, where an unknown state is a 422)
+JOB_KINDS = ("fit", "steer-fit", "lm-steer-fit", "migration", "verify", "demo")
 
 
 def submit(jobs: JobManager, fn: Callable[[JobContext], dict | None], *, kind: str, description: str,

@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Query
-from pydantic import StringConstraints
 from starlette.concurrency import run_in_threadpool
 
 from ...jobs import TERMINAL
@@ -22,9 +21,9 @@ _STATES = Literal["queued", "running", "succeeded", "failed", "cancelled"]
 _Order = Annotated[Literal["oldest", "newest"], Query(description="`newest`: newest first.")]
 _StateFilter = Annotated[list[_STATES] | None, Query(alias="state", max_length=5,
                                                      description="Only jobs in these states (repeatable).")]
-_KindFilter = Annotated[list[Annotated[str, StringConstraints(max_length=64)]] | None, Query(
-    max_length=16, description="Only jobs of these kinds (`fit`, `steer-fit`, `migration`, `verify`, `demo`...; "
-                               "repeatable).")]
+_KindFilter = Annotated[list[Literal[job_ops.JOB_KINDS]] | None, Query(  # type: ignore[valid-type]
+    max_length=16, description=f"Only jobs of these kinds ({', '.join(f'`{k}`' for k in job_ops.JOB_KINDS)}; "
+                               f"repeatable).")]
 
 
 @router.get("/jobs", dependencies=[ReadScope], summary="List jobs (every process of this data dir)",

@@ -149,7 +149,7 @@ async def get_map(ref: RefPath, state: StateDep, if_none_match: IfNoneMatch = No
             response_model=VersionList)
 async def list_versions(name: NamePath, state: StateDep, page: Page, include_deleted: bool = True):
     vs = await run_in_threadpool(state.registry.list_versions, name, include_deleted)
-    return FastJSONResponse(paginate([v.to_dict() for v in vs], lambda d: d["version"], page))
+    return FastJSONResponse(paginate([v.to_dict() for v in vs], lambda d: d["version"], page, cursor_type=int))
 
 
 @router.get("/maps/{name}/versions/{version}", dependencies=[ReadScope], summary="Get one version",

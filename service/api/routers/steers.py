@@ -92,7 +92,7 @@ async def list_steer_versions(name: NamePath, state: StateDep, page: Page, inclu
     none for a method with no held-out check). `include_deleted=false` leaves deleted versions out; 404 for an
     unknown name."""
     vs = await run_in_threadpool(state.registry.list_steer_versions, name, include_deleted)
-    return FastJSONResponse(paginate([v.to_dict() for v in vs], lambda d: d["version"], page))
+    return FastJSONResponse(paginate([v.to_dict() for v in vs], lambda d: d["version"], page, cursor_type=int))
 
 
 @router.get("/steers/{ref}", dependencies=[ReadScope], summary="Get a steer version (name, name@alias, name:N)",

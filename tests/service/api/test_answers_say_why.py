@@ -4,6 +4,8 @@
 - POST /v1/steers/{ref}/apply (and `vecbridge steer apply`) of an all-zero row answered zeros, where a transform
   refuses zero rows;
 - a .npy body whose header claims a huge shape was allocated per the header ("Unable to allocate 140. TiB");
+- GET /v1/jobs?kind=bogus answered an empty 200 (state=bogus is a 422); a foreign cursor on an empty list answered
+  200 where a list with items answers 422; "body must be a JSON object, got NoneType" named a Python type.
 """
 
 from __future__ import annotations
@@ -90,3 +92,20 @@ def test_a_npy_header_is_checked_against_the_body_before_anything_is_allocated(w
     assert r.status_code == 413 and "2000 rows" in r.text, r.text
     r = c.post(url, headers=hdr, content=_npy((3, 16), np.ones((3, 16), "<f4").tobytes()))
     assert r.status_code == 200 and r.headers["X-Shape"] == "3,16", r.headers
+
+
+def test_unknown_job_kinds_foreign_cursors_and_json_types_are_refused_in_the_clients_words(world):
+    c, _, _ = world
+    r = c.get("/v1/jobs?kind=bogus", headers=R)
+    assert r.status_code == 422 and "'fit'" in r.text and "'migration'" in r.text, r.text
+    r = c.get("/v1/jobs?kind=fit&kind=verify", headers=R)
+    assert r.status_code == 200, r.text
+    foreign = "eyJhIjoxfQ"  # {"a": 1}: a cursor, of no list
+    for url in ("/v1/migrations", "/v1/maps", "/v1/maps/a2b/versions"):  # /v1/migrations is empty here
+        r = c.get(f"{url}?cursor={foreign}", headers=R)
+        assert r.status_code == 422 and "cursor does not belong to this list" in r.text, (url, r.text)
+    for body, said in ((b"null", "null"), (b"[1]", "array"), (b'"s"', "string"), (b"3", "number"),
+                       (b"true", "boolean")):
+        r = c.post("/v1/fits", headers={**W, "content-type": "application/json"}, content=body)
+        assert r.status_code == 422, r.text
+        assert r.json()["error"]["message"] == f"body must be a JSON object, got {said}", r.text
