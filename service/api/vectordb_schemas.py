@@ -109,6 +109,15 @@ class CollectionSearchResponse(BaseModel):
     results: list[list[CollectionHit]] = Field(..., description="Per query, its hits, best first.")
 
 
+class CollectionOut(BaseModel):
+    name: str
+    space: str | None = Field(..., description="The embedding space the collection records (a migration records "
+                                               "it); null when it records none.")
+    dim: int
+    count: int = Field(..., description="Rows in the collection.")
+    metric: str = Field(..., description="How it ranks rows: `cosine`, `ip`, or the engine's own (`l2`).")
+
+
 class MigrationStatus(BaseModel):
     name: str = Field(..., description="The checkpoint's name: `<source>-to-<target>`.")
     checkpoint: str

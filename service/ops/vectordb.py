@@ -39,6 +39,7 @@ from ..urls import safe_url
 from ..vectordb import (
     Checkpoint,
     CheckpointMismatchError,
+    CollectionNotFoundError,
     FileCheckpoint,
     MigrationInterrupted,
     MigrationProgress,
@@ -61,6 +62,7 @@ __all__ = [
     "checkpoint_status",
     "configured_url",
     "default_checkpoint",
+    "describe_collection",
     "kept_by_migration",
     "list_checkpoints",
     "needs_registry",
@@ -572,6 +574,16 @@ def search_rows(Q, metric: str):
 #: why a cosine collection refuses an all-zero query (:func:`search_rows`, and before a map: :func:`search_collection`)
 ZERO_COSINE = ("a cosine collection ranks rows by direction and a zero query has none (every row would score 0); send "
                "a nonzero query")
+
+
+def describe_collection(store: VectorStore, name: str) -> dict:
+    """``GET /v1/collections/{name}``: what a client needs to pick a map for it (the console's migration form: a map
+    whose source space is the collection's): ``{"name", "space"`` (recorded; None when it records none)``, "dim",
+    "count", "metric"}``. CollectionNotFoundError (404) for a name that is neither a collection nor an alias."""
+    if not store.exists(name) and store.resolve_alias(name) is None:
+        raise CollectionNotFoundError(f"{store.engine}: no collection or alias {name!r}")
+    return {"name": name, "space": store.get_space(name), "dim": int(store.dim(name)), "count": int(store.count(name)),
+            "metric": store.metric(name)}
 
 
 def search_collection(store: VectorStore, resolver, collection: str, Q, *, space: str, map_ref=None, k: int = 10,

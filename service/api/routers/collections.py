@@ -1,4 +1,5 @@
-"""``POST /v1/collections/{name}/search``: search a collection of the service's vector database with queries of
+"""``GET /v1/collections/{name}``: a collection's recorded space, width, rows and metric;
+``POST /v1/collections/{name}/search``: search a collection of the service's vector database with queries of
 another space — the query-side migration (Drift-Adapter): the collection keeps its old-model vectors, each query
 is mapped into their space through the registry's maps, the database answers.
 """
@@ -9,7 +10,7 @@ import anyio
 from fastapi import APIRouter, Request
 
 from ...ops import indexes as index_ops
-from ...ops.vectordb import configured_url, search_collection
+from ...ops.vectordb import configured_url, describe_collection, search_collection
 from ...vectordb.base import check_name
 from ..codec import parse_rows
 from ..deps import JSONOnly, ReadScope, SettingsDep, StateDep
@@ -17,6 +18,7 @@ from ..openapi import json_body
 from ..responses import FastJSONResponse
 from ..schemas import error_responses
 from ..vectordb_schemas import (
+    CollectionOut,
     CollectionSearchOptions,
     CollectionSearchRequest,
     CollectionSearchResponse,
@@ -53,5 +55,18 @@ async def search_collection_route(name: str, request: Request, state: StateDep, 
         return state.vectordb.call(lambda store: search_collection(
             store, state, name, Q, space=opts.space, map_ref=opts.map, k=opts.k,
             collection_space=opts.collection_space))
+
+    return FastJSONResponse(await anyio.to_thread.run_sync(work, limiter=state.vectordb_turns))
+
+
+@router.get("/collections/{name}", dependencies=[ReadScope], summary="A collection of the vector database",
+            response_model=CollectionOut)
+async def get_collection(name: str, state: StateDep, settings: SettingsDep):
+    """The space a collection of the service's vector database records (null: none), its width, rows and metric:
+    what picking a map for a migration of it needs (a map from that space). 404 for an unknown name."""
+    def work():
+        configured_url(settings)
+        check_name(name)
+        return state.vectordb.call(lambda store: describe_collection(store, name))
 
     return FastJSONResponse(await anyio.to_thread.run_sync(work, limiter=state.vectordb_turns))

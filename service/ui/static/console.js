@@ -36,7 +36,7 @@ const VB = {
     if (k) headers.Authorization = "Bearer " + k;
     else if (VB.authRequired()) {
       // Without a key the API can only answer 401: say so without sending the request.
-      const err = { status: 401, type: "AuthenticationError",
+      const err = { status: 401, type: "AuthenticationError", told: true,  // says what to do: no hint added
                     message: "no API key in this browser session: enter one above" };
       window.dispatchEvent(new CustomEvent("vb-401", { detail: err }));
       throw err;
@@ -79,7 +79,9 @@ const VB = {
   /* An API error in words: what happened and what to do. */
   say(e) {
     if (!e || typeof e !== "object") return String(e);
-    const hint = {
+    // an error whose message already says what to do (`told`) gets no hint: "enter one above (enter a valid API
+    // key above)" said it twice
+    const hint = e.told ? "" : {
       401: "enter a valid API key above",
       // the server's message names the scope (read or write) and what the key has: no guess here
       403: "use a key with the scope named",
@@ -516,6 +518,9 @@ function jobsPage() {
   });
 }
 
+/* A k field's value as the search's k: an emptied field is the default 10 (Number("") sent k 0, a 422). */
+function kOf(k) { return String(k === null || k === undefined ? "" : k).trim() === "" ? 10 : Number(k); }
+
 function searchPage() {
   return page({
     indexes: [], spaces: [], index: "", space: "", query: "", k: 10, csls: false,
@@ -547,7 +552,7 @@ function searchPage() {
         this.searchMsg = "no space has an encoder to embed the query (POST /v1/spaces with one)";
         return;
       }
-      const asked = { index: this.index, native: this.indexSpace(), space: this.space, k: Number(this.k) };
+      const asked = { index: this.index, native: this.indexSpace(), space: this.space, k: kOf(this.k) };
       const base = { texts: [this.query], k: asked.k, csls: this.csls, include_payloads: true };
       const url = `/v1/indexes/${encodeURIComponent(asked.index)}/search`;
       const ask = (space) => VB.api(url, { method: "POST", body: { ...base, space }, signal: ctl.signal });
@@ -579,6 +584,9 @@ function searchPage() {
     searchText() { return this.busy ? "Searching…" : "Search"; },
     indexOption(i) { return `${i.name} (${i.space}, ${i.count} rows)`; },
     spaceOption(s) { return s.encoder ? `${s.name} · ${s.encoder}` : s.name; },
+    /* A search refused by the browser (k out of 1-100): the error of an earlier search no longer answers the form,
+       and the browser's own bubble says what is wrong. */
+    invalid() { this.searchMsg = ""; },
     nativeSpace() { return this.native ? this.native.query_space : this.asked ? this.asked.native : ""; },
     mappedSpace() { return this.mapped ? this.mapped.query_space : this.asked ? this.asked.space : ""; },
     resultsIndex() { return this.asked ? this.asked.index : ""; },
@@ -653,7 +661,7 @@ function steerPage() {
       if (eps) body.steers = { [ask.steer]: Number(eps) };
       return VB.api(`/v1/indexes/${encodeURIComponent(ask.index)}/search`, { method: "POST", body, signal });
     },
-    question() { return { index: this.index, query: this.query, steer: this.steer, k: Number(this.k) }; },
+    question() { return { index: this.index, query: this.query, steer: this.steer, k: kOf(this.k) }; },
     /* Share of the results carrying the attribute: payload `label` > 0 (null when payloads have no label). */
     shareOf(r) {
       const hs = r ? r.results[0] : [];
@@ -689,6 +697,8 @@ function steerPage() {
       this.asking = null; this.busy = false; this.clearResults(); this.clearSweep();
     },
     shownEps() { return this.shown ? String(this.shown.eps) : ""; },
+    /* The steered list's heading: the ε it was searched at, "steered" before any (it read "ε =" with nothing). */
+    steeredHeading() { return this.shown ? `ε = ${this.shownEps()}` : "steered"; },
     /* A sweep is a request of the page like a run: a newer run or sweep gives it up (a slider moved mid-sweep
        re-enabled "Sweep ε" while the sweep went on, and its chart then landed under the newer question), and
        its chart says the steer, index and query it answers. */
@@ -761,11 +771,33 @@ function steerPage() {
 function migrationsPage() {
   return page({
     jobs: [], indexes: [], maps: [], checkpoints: [],
-    source: "", target: "", map: "", alias: "", dryRun: true, migMsg: "",
+    source: "", target: "", map: "", alias: "", dryRun: true, migMsg: "", mapHint: "", sourceSpace: null,
     async load() {
       this.maps = (await VB.api("/v1/maps")).data || [];
-      if (!this.map && this.maps.length) this.map = this.maps[0].name;
       await this.follow();
+    },
+    /* The map offered for the source collection: one whose source space is the space the collection records
+       (GET /v1/collections/{name}), its `prod`-aliased one first; none, with a hint, when no map leaves that space
+       or the collection records none. It was the first map by name, whatever the collection held. */
+    async sourceChanged() {
+      const name = this.source.trim();
+      this.sourceSpace = null; this.map = ""; this.mapHint = "";
+      if (!name) return;
+      let info;
+      try { info = await VB.api(`/v1/collections/${encodeURIComponent(name)}`); } catch (e) {
+        if (this.source.trim() === name) this.mapHint = `pick the map from the collection's space (${VB.say(e)})`;
+        return;
+      }
+      if (this.source.trim() !== name) return;  // typed on meanwhile: that name's answer decides
+      this.sourceSpace = info.space;
+      if (!info.space) {
+        this.mapHint = `${name} records no space: pick the map from the space of its vectors`;
+        return;
+      }
+      const from = this.maps.filter(m => m.source_space === info.space);
+      const pick = from.find(m => "prod" in (m.aliases || {})) || from[0];
+      if (pick) this.map = pick.name;
+      else this.mapHint = `no map leaves space ${info.space} (${name}'s): fit one from ${info.space} first`;
     },
     /* What a migration changes (jobs, checkpoints, indexes): every second while one runs (rows written / total), as
        the jobs page does; the maps are read once a load (every map's summary each second was most of the cost). */

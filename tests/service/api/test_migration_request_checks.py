@@ -249,3 +249,14 @@ def test_a_map_the_wrong_way_round_between_spaces_of_different_widths_is_called_
     msg = r.json()["error"]["message"]
     assert r.status_code == 422 and r.json()["error"]["type"] == "SpaceMismatchError", r.text
     assert "the map the wrong way round (it maps 'a' to 'c'); give map a map from 'c'" in msg, msg
+
+
+def test_a_collection_says_the_space_it_records_so_a_map_from_it_can_be_picked(world):
+    """The console's migration form offered the first map by name whatever the collection held: nothing said a
+    collection's space. ``GET /v1/collections/{name}`` does (null when it records none), for an alias too."""
+    got = {name: world.get(f"/v1/collections/{name}", headers=W) for name in ("src", "taken", "live", "nope")}
+    assert got["src"].status_code == 200 and got["src"].json() == {
+        "name": "src", "space": "a", "dim": 16, "count": 40, "metric": "cosine"}, got["src"].text
+    assert got["taken"].status_code == 200 and got["taken"].json()["space"] is None, got["taken"].text
+    assert got["live"].status_code == 200 and got["live"].json()["count"] == 40, got["live"].text
+    assert got["nope"].status_code == 404 and "no collection or alias 'nope'" in got["nope"].text, got["nope"].text

@@ -128,6 +128,9 @@ def test_401_without_a_key_then_login(server, browser):
     alert = t.page.locator("#unauthorized")
     alert.wait_for(state="visible")
     assert "401" in alert.inner_text() and "no API key" in alert.inner_text()
+    said = t.page.locator("p.error[role=alert]", has_text="no API key").first
+    said.wait_for()  # the page's own line says what to do once ("enter one above (enter a valid API key above)")
+    assert said.inner_text().count("above") == 1, said.inner_text()
     t.shot("401")
     t.login("not-a-key")  # the API's own 401, in words
     alert.filter(has_text="invalid API key").wait_for()
@@ -262,6 +265,8 @@ def test_demo_map_on_a_fresh_data_dir(browser, tmp_path):
 def test_jobs_page_follows_a_fit_to_succeeded(server, browser):
     t = Page.open(browser, server["base"], "/ui/jobs", READ_KEY)
     t.page.locator("#jobs tbody tr").first.wait_for()
+    intro = t.page.locator("p.muted").first.inner_text()  # it named fits alone, and the table lists every job
+    assert all(w in intro for w in ("POST /v1/fits", "POST /v1/migrations", "POST /v1/verifications", "demo")), intro
     with httpx.Client(base_url=server["base"], timeout=120.0) as c:  # submitted while the page is open
         r = c.post("/v1/fits", headers=W, json=fit_body(server["minilm"], server["e5"], slice(0, 3 * N_FIT)))
         job = r.json()["id"]
@@ -351,11 +356,20 @@ def test_migrations_page_and_offline_docs(server, browser):
     t.page.locator("#mig-indexes tbody tr").first.wait_for()
     note = t.page.locator("#mig-note").inner_text()
     assert "POST /v1/migrations" in note and "VECBRIDGE_VECTORDB_URL" in note
+    # the map offered is one from the space the collection records (it was the first map by name, whatever the
+    # collection held): none for a collection it cannot read, with a hint
+    assert t.page.locator("#m-map").input_value() == ""
+    t.page.fill("#m-source", "no_such_collection")
+    t.page.press("#m-source", "Tab")
+    hint = t.page.locator("#mig-map-hint")
+    hint.filter(has_text="pick the map from the collection's space").wait_for()
+    assert t.page.locator("#m-map").input_value() == ""
     # a user checks first (dry run, the default), then migrates; the table follows both jobs to their end
     t.page.fill("#m-source", "docs_minilm")
     t.page.fill("#m-target", "docs_e5")
     t.page.fill("#m-alias", "docs")
-    assert t.page.locator("#m-map").input_value() == "minilm-e5" and t.page.locator("#m-dry").is_checked()
+    t.page.wait_for_function("document.querySelector('#m-map').value === 'minilm-e5'")  # docs_minilm: minilm
+    assert not hint.is_visible() and t.page.locator("#m-dry").is_checked()
     t.page.get_by_role("button", name="Start").click()
     t.page.locator("#mig-msg").filter(has_text="queued").wait_for()
     first = t.page.locator("#mig-table tbody tr").first
@@ -379,7 +393,7 @@ def test_migrations_page_and_offline_docs(server, browser):
     t.shot("migrations")
     t.goto("/docs")
     t.page.locator(".swagger-ui .info .title").wait_for()  # rendered from the vendored assets, no CDN
-    t.close()
+    t.close(expect_errors=("status of 404",))  # no_such_collection's
 
 
 def test_narrow_window_and_keyboard(server, browser):

@@ -157,8 +157,40 @@ def test_a_slow_older_steer_answer_never_replaces_the_latest(world, browser):
     pg.locator("#steer-msg", has_text="500").wait_for()
     assert pg.locator("#steered-hits li").count() == 0 and pg.locator("#base-hits li").count() == 0
     assert not pg.locator("#steer-summary").is_visible()
-    assert pg.locator("#st-steered-h").inner_text() == "ε ="
+    assert pg.locator("#st-steered-h").inner_text() == "steered"  # it read "ε =" with nothing
     t.close(expect_errors=("status of 500",))
+
+
+def test_the_search_form_says_nothing_it_does_not_know_and_an_emptied_k_searches_ten(world, browser):
+    """QA: before a search the headings read "Native ( model)" and the steer page's "ε =" with nothing; a search
+    with k cleared sent k 0 (a 422) where an empty k is the default 10; an error stayed up after the browser
+    refused an invalid k (its own bubble says why). Now the headings say only what is known, an empty k searches
+    10, and a search the browser refuses clears the last search's error."""
+    base, _, _ = world
+    t = Page.open(browser, base, "/ui/steer", READ_KEY)
+    t.page.locator("#st-steer option").first.wait_for(state="attached")
+    assert t.page.locator("#st-steered-h").inner_text() == "steered"
+    t.goto("/ui/search")
+    pg = t.page
+    pg.get_by_label("index", exact=True).select_option("idx-e5")
+    assert (pg.locator("#native-h").inner_text(), pg.locator("#mapped-h").inner_text()) == (
+        "Native", "Through the map")
+    pg.get_by_role("button", name="Search").click()  # no query yet: the page's own refusal
+    msg = pg.locator("#search-msg")
+    msg.filter(has_text="type a query first").wait_for()
+    pg.get_by_label("k", exact=True).fill("0")
+    pg.get_by_role("button", name="Search").click()  # refused by the browser (min 1): no search, no old error
+    msg.wait_for(state="hidden")
+    pg.get_by_label("query's model (space)", exact=True).select_option("e5")
+    pg.get_by_label("query", exact=True).fill("anything")
+    pg.get_by_label("k", exact=True).fill("")
+    with pg.expect_request("**/v1/indexes/idx-e5/search") as asked:
+        pg.get_by_role("button", name="Search").click()
+    assert asked.value.post_data_json["k"] == 10, asked.value.post_data_json
+    pg.locator("#overlap").wait_for(state="visible")
+    assert pg.locator("#overlap").inner_text().startswith("overlap@10: 10 / 10")
+    assert pg.locator("#native-h").inner_text() == "Native (e5 model, index idx-e5)"
+    t.close()
 
 
 def test_search_results_keep_the_labels_of_the_search_that_found_them(world, browser):
