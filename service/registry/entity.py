@@ -397,7 +397,8 @@ class VersionedStore:
                 if now_v.collected_at:
                     raise DeletedVersionError(f"{self.kind.noun} {v.ref} was deleted{collected(now_v)}") from None
                 gone = self.store.size(v.artifact_path) is None  # the verdict is kept: not a query per transform
-                if gone and (why := artifacts_elsewhere(self.db, self.store, VERSION_TABLES, max_age=VERDICT_S)):
+                if gone and (why := artifacts_elsewhere(self.db, self.store, VERSION_TABLES, max_age=VERDICT_S,
+                                                        said=True)):  # raised below: the warning names the folder
                     raise ArtifactsElsewhereError(f"{exc}; {why}") from None
                 raise
 
