@@ -530,7 +530,11 @@ class JobList(Page):
 class SteerFitOptions(_Strict):
     name: Name = Field(..., description="Steer name; the fit registers its next version.")
     space: Name = Field(..., description="Embedding space of the steer (created from the data when new).")
-    labels: list[Count] = Field(..., description="One per row: +1 wanted attribute, -1 opposite, 0 neutral context.")
+    labels: list[Count] = Field(..., description="One per row: +1 wanted attribute, 0 neutral context, -1 (at "
+                                "least one, as +1): the local method (the default) scores -1 rows as 0 rows and uses "
+                                "them only for the mean-shift line its prior shrinks toward (`opposite_weight` B > 0 "
+                                "also pushes them down, toward -B); lm-steer trains them as the opposite; mean-shift "
+                                "steers along mean(+1) - mean(-1).")
     texts: list[str] | None = Field(None, description="Rows as texts, embedded with `encoder` (default: the "
                                                       "space's encoder); they also name the items of the lens.")
     encoder: str | None = None
@@ -551,7 +555,8 @@ class SteerFitRequest(SteerFitOptions, _Vectors):
 
 class SteerApplyOptions(_Strict):
     eps: SteerEps = Field(1.0, description="Strength: 0 is the identity, 1 the trained strength, negative reverses "
-                                           f"(|eps| at most {MAX_STEER_EPS:g}).")
+                                           "(away from the +1 attribute; toward the -1 rows only as far as the fit "
+                                           f"learnt them: see `labels`) (|eps| at most {MAX_STEER_EPS:g}).")
     dim: DimCount | None = Dim
 
 

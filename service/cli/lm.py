@@ -66,7 +66,9 @@ def _steer_eps(items) -> dict:
 
 @lm.command("steer-fit")
 @click.option("--texts", required=True, type=click.Path(dir_okay=False), help="Texts (.txt one per line, .jsonl).")
-@click.option("--labels", required=True, type=click.Path(dir_okay=False), help=".npy or .txt: -1 / 0 / +1 per text.")
+@click.option("--labels", required=True, type=click.Path(dir_okay=False),
+              help=".npy or .txt: +1 / -1 / 0 per text: +1 the wanted style, -1 its opposite (the steer learns their "
+                   "difference: eps > 0 toward +1, eps < 0 toward -1), 0 not used.")
 @click.option("--name", required=True)
 @click.option("--rank", type=click.IntRange(1, ops.MAX_FIT_RANK), default=8, show_default=True,
               help=f"Rank r of W (1..{ops.MAX_FIT_RANK}, as over HTTP; at most the model's hidden size).")

@@ -120,7 +120,13 @@ prune_command(steer, "steers", "steer")
               help="Encoder for --texts: the space's (the default; another model is refused), or the encoder of a "
                    "space that has none registered.")
 @click.option("--text-field", default="text", show_default=True, help="JSONL field holding the text.")
-@click.option("--labels", required=True, type=click.Path(dir_okay=False), help=".npy or .txt: -1 / 0 / +1 per row.")
+@click.option("--labels", required=True, type=click.Path(dir_okay=False),
+              help=".npy or .txt: +1 / -1 / 0 per row, at least one +1 and one -1. +1: the attribute; 0: neutral "
+                   "context. What -1 does depends on --method: local (the default) scores -1 rows as it scores 0 rows "
+                   "(not the attribute) and uses them only for the mean-shift line its prior shrinks toward (--param "
+                   "opposite_weight=B > 0 also pushes them down, toward -B; --param prior_weight=0 leaves them "
+                   "unused); lm-steer trains them as the opposite (favoured at eps < 0); mean-shift steers along "
+                   "mean(+1 rows) - mean(-1 rows).")
 @click.option("--name", required=True)
 @click.option("--rank", type=int, default=None,
               help="Rank of W for --method lm-steer (default 16); a local steer is rank 1, a mean-shift has no W.")
@@ -170,7 +176,9 @@ def steer_fit(obj: Ctx, space, vectors, texts, encoder, text_field, labels, name
 
 @steer.command("apply")
 @_ref_opt
-@click.option("--eps", type=float, default=1.0, show_default=True, help="Strength (0 = identity, negative reverses).")
+@click.option("--eps", type=float, default=1.0, show_default=True,
+              help="Strength (0 = identity, 1 the trained strength; negative reverses: away from the +1 attribute, "
+                   "which favours the -1 rows only as far as the fit learnt them: see the labels of `steer fit --help`).")
 @click.argument("inp", type=click.Path(dir_okay=False))
 @click.argument("out", type=click.Path(dir_okay=False))
 @click.option("--chunk-rows", type=click.IntRange(1), default=65536, show_default=True,
