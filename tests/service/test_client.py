@@ -144,17 +144,19 @@ def test_fit_sends_the_unpaired_rows_as_post_v1_fits_takes_them(vb, server, clie
     """README step 2: POST /v1/fits takes ``unpaired_source`` / ``unpaired_target``; the client's ``fit()`` had no
     way to send them (a TypeError). Sent as base64 float32, as the sides are; the server's refusals name them."""
     _, X, Y, _ = server
-    name = f"unpaired-{client_kind}"
+    name, a, b = f"unpaired-{client_kind}", f"ua-{client_kind}", f"ub-{client_kind}"  # spaces of their own: no
+    # other test's search may take this map for a path
     fit = {"method": "auto", "paired": True, "params": {"candidates": ["procrustes"]}}
-    job = vb.wait(vb.fit(name, "a", "b", X[:100], Y[:100], unpaired_source=X[100:], unpaired_target=Y[150:],
+    job = vb.wait(vb.fit(name, a, b, X[:100], Y[:100], unpaired_source=X[100:], unpaired_target=Y[150:],
                          **fit)["id"], timeout=120)
     assert job["state"] == "succeeded", job
     inputs = vb.get_version(name, 1)["inputs"]
     assert inputs["n_unpaired_source"] == 200 and inputs["n_unpaired_target"] == 150, inputs
     with pytest.raises(ValidationError, match="unpaired_source.vectors: rows of 8 columns"):
-        vb.fit(name, "a", "b", X[:100], Y[:100], unpaired_source=X[100:, :8], **fit)
+        vb.fit(name, a, b, X[:100], Y[:100], unpaired_source=X[100:, :8], **fit)
     with pytest.raises(ValidationError, match="unpaired_target: the unpaired rows apply to method auto"):
-        vb.fit(name, "a", "b", X[:100], Y[:100], unpaired_target=Y[150:], method="procrustes", paired=True)
+        vb.fit(name, a, b, X[:100], Y[:100], unpaired_target=Y[150:], method="procrustes", paired=True)
+
 
 def test_tags_artifact_and_soft_delete(vb, server):
     from align import LinearMap
