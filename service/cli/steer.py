@@ -178,7 +178,8 @@ def steer_fit(obj: Ctx, space, vectors, texts, encoder, text_field, labels, name
 @_ref_opt
 @click.option("--eps", type=float, default=1.0, show_default=True,
               help="Strength (0 = identity, 1 the trained strength; negative reverses: away from the +1 attribute, "
-                   "which favours the -1 rows only as far as the fit learnt them: see the labels of `steer fit --help`).")
+                   "which favours the -1 rows only as far as the fit learnt them: see the labels of `steer fit "
+                   "--help`).")
 @click.argument("inp", type=click.Path(dir_okay=False))
 @click.argument("out", type=click.Path(dir_okay=False))
 @click.option("--chunk-rows", type=click.IntRange(1), default=65536, show_default=True,
