@@ -25,7 +25,7 @@ import numpy as np
 from ._artifacts import StoredMap, check_header, pack, stored_fields
 from .exceptions import DimensionMismatchError, InputError, SerializationError
 from .options import check_batch_size
-from .validation import as_matrix, copies_whole
+from .validation import as_matrix, check_paired, check_rankable, copies_whole
 
 __all__ = ["MapChain", "require_linear", "check_map", "map_kind", "FORMAT"]
 
@@ -46,6 +46,20 @@ def check_map(obj, what: str):
         raise InputError(f"{what} (LinearMap, ClusterMap, MapChain), got {type(obj).__name__}")
     return obj
 
+
+
+def check_map_documents(map_, X_src, Y_tgt, what: str) -> tuple[np.ndarray, np.ndarray]:
+    """The checks of a retention measure's inputs: ``map_`` a map (:func:`check_map`, InputError starting
+    ``"{what} needs a map"``), ``X_src`` (n, d_s) / ``Y_tgt`` (n, d_t) paired, finite, rankable rows of the map's two
+    widths (DimensionMismatchError otherwise). Returns them as float matrices ``(X, Y)``."""
+    check_map(map_, f"{what} needs a map")  # None was an AttributeError
+    X, Y = check_paired(X_src, Y_tgt, names=("X_src", "Y_tgt"), min_rows=1)
+    check_rankable(X, name="X_src")
+    check_rankable(Y, name="Y_tgt")
+    if X.shape[1] != map_.source_dim or Y.shape[1] != map_.target_dim:
+        raise DimensionMismatchError(
+            f"map is {map_.source_dim}->{map_.target_dim}, documents are {X.shape[1]}->{Y.shape[1]}")
+    return X, Y
 
 def _takes_keywords(fn, names) -> bool:
     """Whether ``fn`` can be called with each of ``names`` as a keyword (the metrics call ``apply(X, output=,

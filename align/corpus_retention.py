@@ -19,11 +19,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from .chain import check_map
-from .exceptions import DimensionMismatchError
+from .chain import check_map_documents
 from .frames import unit_rows
 from .knn import knn
-from .validation import as_matrix, check_paired, check_random_state, check_rankable
+from .validation import as_matrix, check_random_state
 
 __all__ = ["corpus_retention"]
 
@@ -48,13 +47,7 @@ def corpus_retention(map_, X_src, Y_tgt, queries, relevant, old_queries, X_corpu
     """
     from .plan import LabelledProbe
 
-    check_map(map_, "corpus_retention needs a map")
-    X, Y = check_paired(X_src, Y_tgt, names=("X_src", "Y_tgt"), min_rows=1)
-    check_rankable(X, name="X_src")
-    check_rankable(Y, name="Y_tgt")
-    if X.shape[1] != map_.source_dim or Y.shape[1] != map_.target_dim:
-        raise DimensionMismatchError(
-            f"map is {map_.source_dim}->{map_.target_dim}, documents are {X.shape[1]}->{Y.shape[1]}")
+    X, Y = check_map_documents(map_, X_src, Y_tgt, "corpus_retention")
     C = as_matrix(X_corpus, name="X_corpus", dim=X.shape[1])
     lab = LabelledProbe(queries, old_queries, relevant, X, Y, rows="held-out document")
     rng = check_random_state(random_state)

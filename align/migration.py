@@ -61,7 +61,7 @@ import numpy as np
 from .validation import (as_matrix, check_csls_weight, check_labelled_queries, check_not_collapsed, check_paired,
                          check_random_state, check_rankable, check_same_queries, collapsed, distinct_pairs,
                          pair_groups, seed_record)
-from .chain import MapChain, check_map
+from .chain import MapChain, check_map, check_map_documents
 from .cluster import ClusterMap, cluster_grid
 from .exceptions import DimensionMismatchError, InputError, TooFewRowsError
 from .families import (Problem, cluster_candidate, cluster_parts, contrastive_candidate, contrastive_config,
@@ -158,13 +158,7 @@ def labelled_retention(map_, X_src, Y_tgt, queries, relevant, *, side: str = "ta
     Typed errors: mismatched rows or dimensions, NaN/Inf, an all-zero query, ``relevant`` not integers in
     ``[0, n)`` or not one per query, an unknown ``side``, ``csls_weight`` / ``csls_k`` out of range.
     """
-    check_map(map_, "labelled_retention needs a map")  # None was an AttributeError
-    X, Y = check_paired(X_src, Y_tgt, names=("X_src", "Y_tgt"), min_rows=1)
-    check_rankable(X, name="X_src")
-    check_rankable(Y, name="Y_tgt")
-    if X.shape[1] != map_.source_dim or Y.shape[1] != map_.target_dim:
-        raise DimensionMismatchError(
-            f"map is {map_.source_dim}->{map_.target_dim}, documents are {X.shape[1]}->{Y.shape[1]}")
+    X, Y = check_map_documents(map_, X_src, Y_tgt, "labelled_retention")
     if side not in ("target", "source"):
         raise InputError(f"side must be 'target' (corpus-side) or 'source' (query-side), got {side!r}")
     if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
