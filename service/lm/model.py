@@ -7,14 +7,12 @@ needs the ``llm`` package, so the file is found through ``sysconfig`` instead.
 
 from __future__ import annotations
 
-import functools
 import sysconfig
-from contextlib import contextmanager
 from pathlib import Path
 
 from ..errors import NotConfiguredError
 
-__all__ = ["smollm2_gguf_path", "load_lm", "load_bars_hidden", "LMUnavailableError", "SMOLLM2_NAME"]
+__all__ = ["smollm2_gguf_path", "load_lm", "LMUnavailableError", "SMOLLM2_NAME"]
 
 SMOLLM2_NAME = "SmolLM2-135M-Instruct"
 
@@ -57,28 +55,3 @@ def load_lm(gguf_path: str | Path | None = None, *, threads: int | None = None):
         p.requires_grad_(False)
     model.config.name_or_path = path.stem
     return model, tokenizer
-
-
-@contextmanager
-def load_bars_hidden():
-    """transformers' progress bars of a model load hidden inside the block, and restored after it: "Loading weights"
-    (its logging's switch, :func:`transformers.utils.logging.disable_progress_bar`) and "Converting and de-quantizing
-    GGUF tensors" (a plain ``tqdm.auto.tqdm`` of its GGUF module, which that switch does not reach). ``vecbridge lm
-    steer-fit --quiet`` printed both on stderr. Nothing to hide without transformers."""
-    try:
-        import transformers.modeling_gguf_pytorch_utils as gguf
-        from transformers.utils import logging as tf_logging
-    except ImportError:
-        yield
-        return
-    was_on, bar = tf_logging.is_progress_bar_enabled(), getattr(gguf, "tqdm", None)
-    tf_logging.disable_progress_bar()
-    if bar is not None:
-        gguf.tqdm = functools.partial(bar, disable=True)
-    try:
-        yield
-    finally:
-        if bar is not None:
-            gguf.tqdm = bar
-        if was_on:
-            tf_logging.enable_progress_bar()
