@@ -42,8 +42,6 @@ from align.frames import (
 )
 from align.validation import as_matrix
 
-from .encoders import canonical_name
-
 __all__ = [
     "MISMATCH_MARGIN",
     "MISMATCH_MIN_COSINE",
@@ -58,7 +56,6 @@ __all__ = [
     "index_frame",
     "judge_rows",
     "map_references",
-    "new_space_typo",
     "shares_direction",
     "space_references",
 ]
@@ -286,8 +283,7 @@ class RowsCheck:
 
 def check_rows(V, space: str, references: dict[str, list[Reference]] | Callable[[], dict], *, name: str = "the rows",
                fix: str = "", own_extra: Callable[[], Frame | None] | None = None,
-               warn: Callable[[str], None] | None = None, known: bool = True,
-               encoder: str | None = None) -> RowsCheck:
+               warn: Callable[[str], None] | None = None) -> RowsCheck:
     """The rows ``V`` (n, d) declared of ``space`` against ``references`` (:func:`space_references`, or a callable
     giving them: not called for fewer than :data:`MEAN_CHECK_MIN_ROWS` rows); only the first
     :data:`SPACE_SAMPLE_ROWS` finite rows are read. Raises :class:`SpaceMismatchError` when another space's
@@ -296,19 +292,14 @@ def check_rows(V, space: str, references: dict[str, list[Reference]] | Callable[
     only when the registry's alone would refuse or cannot tell. References of a space whose encoder is
     ``space``'s (both recorded) are not another space's: the same model's rows. ``warn(note)``: called with the
     check's :attr:`~RowsCheck.warning` when it has one (references exist but none recognises the rows: they go on)
-    — the callers' "warn, do not refuse" in one place. ``known=False``: ``space`` is not registered (the caller
-    would create it): rows that another space's reference recognises as its own (:func:`new_space_typo`) are
-    refused as a likely misspelling of that space, unless that space's encoder is ``encoder`` (the one the new
-    space records: two spaces of one model)."""
-    found = _check_rows(V, space, references, name=name, fix=fix, own_extra=own_extra, known=known,
-                        new_encoder=encoder)
+    — the callers' "warn, do not refuse" in one place."""
+    found = _check_rows(V, space, references, name=name, fix=fix, own_extra=own_extra)
     if found.warning and warn is not None:
         warn(found.warning)
     return found
 
 
-def _check_rows(V, space: str, references, *, name: str, fix: str, own_extra, known: bool = True,
-                new_encoder: str | None = None) -> RowsCheck:
+def _check_rows(V, space: str, references, *, name: str, fix: str, own_extra) -> RowsCheck:
     """:func:`check_rows` but for its ``warn``."""
     V = np.asarray(V)[:SPACE_SAMPLE_ROWS]
     if V.ndim != 2 or V.shape[0] < MEAN_CHECK_MIN_ROWS:
@@ -317,11 +308,9 @@ def _check_rows(V, space: str, references, *, name: str, fix: str, own_extra, kn
     rows = _Rows(V if finite.all() else V[finite], name, finite=False)  # no copy of rows all finite
     refs = references() if callable(references) else references
     own = [r.frame for r in refs.get(space, []) if _usable(r.frame)]
-    encoder = next((r.encoder for r in refs.get(space, []) if r.encoder), None) or new_encoder
+    encoder = next((r.encoder for r in refs.get(space, []) if r.encoder), None)
     others = [r for s, rs in sorted(refs.items()) if s != space for r in rs
-              if _usable(r.frame) and not (encoder and r.encoder and _model(r.encoder) == _model(encoder))]
-    if not known and not own:
-        new_space_typo(rows, space, others, name=name)
+              if _usable(r.frame) and not (encoder and r.encoder == encoder)]
     verdict = judge_rows(rows, own, others, name=name)
     if own_extra is not None and (verdict.other is not None or verdict.own is None and _recognised(rows, others)):
         extra = own_extra()  # only where a refusal is in question: a search of 64 queries does not pay for it
@@ -358,39 +347,6 @@ def _check_rows(V, space: str, references, *, name: str, fix: str, own_extra, kn
                                   f"registry does not know")
 
 
-def _model(encoder: str) -> str:
-    """An encoder's name as the model it names (``all-MiniLM-L6-v2`` and ``minilm`` are one), else as written."""
-    try:
-        return canonical_name(encoder)
-    except VecbridgeError:  # not a model of this release (a test's): its name is all there is
-        return encoder
-
-
-def new_space_typo(V, space: str, others: Sequence[Reference], *, name: str = "the rows") -> None:
-    """Rows ``V`` (n, d) declared of ``space``, which is not registered (the call would create it "on first use"):
-    when another space's reference recognises them as that space's rows (a cosine of at least
-    :data:`~align.frames.SAME_SPACE_CHECKED_COSINE`, what "checked by rows" asks of a space's own, for rows that
-    share a direction: :func:`shares_direction`), ``space`` is most likely a misspelling of it (``minlm`` for
-    ``minilm``): a SpaceMismatchError naming it, with ``looks_like`` set. A misspelt space was created and could never
-    be removed (a map uses it), and every later check advised it. Rows of a new space are let through by
-    registering the space first (then it is known); rows none recognises pass."""
-    rows = V if isinstance(V, _Rows) else _Rows(V, name)
-    if len(rows.V) < MEAN_CHECK_MIN_ROWS:
-        return
-    seen = [(r, c) for r in others if (c := rows.cosine(r.frame)) is not None]
-    best = max(seen, key=lambda rc: rc[1], default=None)
-    if best is None or best[1] < SAME_SPACE_CHECKED_COSINE or not shares_direction(rows.V):
-        return
-    ref, cos = best
-    err = SpaceMismatchError(
-        f"{name} look like space {ref.space!r} (mean direction cosine {cos:.2f} with {ref.what}; rows of a space "
-        f"give about 0.9 with its own), and {space!r} is not a space: a typo? Name space {ref.space!r} instead; if "
-        f"they are rows of a new space, register {space!r} first (`vecbridge spaces add {space} --dim "
-        f"{rows.V.shape[1]}` / POST /v1/spaces)")
-    err.looks_like = ref.space
-    raise err
-
-
 def map_references(v, map_) -> dict[str, list[Reference]]:
     """``{space: [Reference]}`` of one map's two sides: ``map_``'s source and target frames under ``v``'s (its
     VersionInfo) source and target spaces; what ``transform`` and ``eval`` check rows against (no registry read)."""
@@ -401,16 +357,13 @@ def map_references(v, map_) -> dict[str, list[Reference]]:
 
 def check_pair_spaces(X: np.ndarray, Y: np.ndarray, source_space: str, target_space: str,
                       references: dict[str, list[Reference]] | Callable[[], dict], *, fix: dict[str, str],
-                      swapped: str, after: str = "", new: Collection[str] = (),
-                      encoders: dict[str, str] | None = None) -> list[str]:
+                      swapped: str, after: str = "") -> list[str]:
     """Source rows ``X`` against ``source_space`` and target rows ``Y`` against ``target_space`` (:func:`check_rows`
     with ``references``, a dict or a callable called once at most). Both looking like the other side's space: the
     files look swapped (SpaceMismatchError saying so, ``swapped`` what that would do, ``after`` closing it); one side
     looking like another
     space: that side's error, with ``fix[side]``. Returns the warnings of sides references exist for but that none
-    recognises. The rule of ``fit`` and ``eval``. ``new``: spaces not registered (a fit creates them), whose rows
-    another space recognises are refused as a misspelling of it (``check_rows(known=False)``); ``encoders``: the
-    encoder a new space would record (``{space: encoder}``)."""
+    recognises. The rule of ``fit`` and ``eval``."""
     errors, notes, refs = {}, [], {}
 
     def once() -> dict:  # both sides' references from one call, made once (by the first side of 50+ rows)
@@ -419,8 +372,7 @@ def check_pair_spaces(X: np.ndarray, Y: np.ndarray, source_space: str, target_sp
         return refs["all"]
     for side, M, space in (("source", X, source_space), ("target", Y, target_space)):
         try:
-            check_rows(M, space, once, name=f"the {side} rows", fix=fix[side], warn=notes.append,
-                       known=space not in new, encoder=(encoders or {}).get(space))
+            check_rows(M, space, once, name=f"the {side} rows", fix=fix[side], warn=notes.append)
         except SpaceMismatchError as e:
             errors[side] = e
     if {"source", "target"} <= errors.keys() and (errors["source"].looks_like, errors["target"].looks_like) == (
@@ -437,27 +389,21 @@ def check_pair_spaces(X: np.ndarray, Y: np.ndarray, source_space: str, target_sp
 
 
 def check_fit_spaces(registry, X: np.ndarray, Y: np.ndarray, source_space: str, target_space: str,
-                     unpaired: dict | None = None, *, encoders: dict[str, str] | None = None,
-                     references: Callable[[], dict] | None = None) -> list[str]:
+                     unpaired: dict | None = None) -> list[str]:
     """A fit's source rows ``X`` against ``source_space`` and target rows ``Y`` against ``target_space``
-    (:func:`check_pair_spaces` with the registry's references, both sides' widths read in one call, or
-    ``references()``), then its ``unpaired`` sets (``{"unpaired_source": U, "unpaired_target": V}``, either or
-    none) by the same rule (:func:`check_rows`) against their side's space, with this fit's own sides as references
-    too: rows of the other side's model given as ``--unpaired-source`` were fitted into the source frame, which then
-    served as the space's reference. A space the fit would create (not registered) whose rows another space
-    recognises is refused as a misspelling of it; ``encoders``: ``{space: encoder}`` of sides embedded from texts (a
-    new space of the same model as a registered one is not refused). Returns the warnings of sides references exist
-    for but that none recognises."""
+    (:func:`check_pair_spaces` with the registry's references, both sides' widths read in one call), then its
+    ``unpaired`` sets (``{"unpaired_source": U, "unpaired_target": V}``, either or none) by the same rule
+    (:func:`check_rows`) against their side's space, with this fit's own sides as references too: rows of the
+    other side's model given as ``--unpaired-source`` were fitted into the source frame, which then served as the
+    space's reference. Returns the warnings of sides references exist for but that none recognises."""
     got: dict = {}
-    known = {s.name for s in registry.list_spaces()}
 
     def refs() -> dict:  # both sides' widths in one call, made once
         if not got:
-            got["all"] = references() if references else space_references(registry, {X.shape[1], Y.shape[1]})
+            got["all"] = space_references(registry, {X.shape[1], Y.shape[1]})
         return got["all"]
     notes = check_pair_spaces(
         X, Y, source_space, target_space, refs,
-        new={s for s in (source_space, target_space) if s not in known}, encoders=encoders,
         fix={side: f"if they are rows of {{other}}, say so ({option} {{other}}), or swap the files"
              for side, option in (("source", "--source-space / source_space"),
                                   ("target", "--target-space / target_space"))},

@@ -8,6 +8,7 @@ Each command parses its options, calls one operation (:func:`service.ops.maps.ru
 from __future__ import annotations
 
 import io
+import os
 import re
 import sys
 import warnings
@@ -163,15 +164,21 @@ def _space_names(o: dict, source_space: str | None, target_space: str | None) ->
     """The spaces of a fit's :func:`input_opts` ``o``: as given, else the encoder's canonical name, else the file
     stem made a valid name (other characters as '_', no '..', at most 128 characters: `mini..lm.npy` was "source
     space 'mini..lm' is not allowed", and a 140-character stem too long). A default that names no space, or the same
-    one as the other side's, is an InputError (exit 2): `old/embeddings.npy -> new/embeddings.npy` registered
-    `embeddings -> embeddings`, and a search from that space then applied no map (wrong rows). Two names given alike
-    are refused by the fit (:func:`service.ops.maps.check_two_spaces`), as one file read twice now is."""
+    one as the other side's for another file, is an InputError (exit 2): `old/embeddings.npy -> new/embeddings.npy`
+    registered `embeddings -> embeddings`, and a search from that space then applied no map (wrong rows)."""
     src, tgt = (_space_name(o[side], o[f"{side}_encoder"], given, side)
                 for side, given in (("source", source_space), ("target", target_space)))
-    if src == tgt and not (source_space and target_space):
+    if src == tgt and not (source_space and target_space) and not _same_file(o["source"], o["target"]):
         raise InputError(f"--source {utf8_safe(o['source'])} and --target {utf8_safe(o['target'])} would both be "
                          f"space {src!r}: name the spaces with --source-space / --target-space")
     return src, tgt
+
+
+def _same_file(a: str, b: str) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:  # one is missing: reading it says so
+        return os.path.abspath(a) == os.path.abspath(b)
 
 
 def _unpaired_options(method: str, io_opts: dict) -> dict[str, tuple]:

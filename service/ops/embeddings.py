@@ -35,7 +35,7 @@ __all__ = ["FitSide", "check_pairs", "count_cut", "embed", "embed_file", "embed_
 class FitSide:
     """One side of a fit request: vectors ``X`` (n, d), or ``texts`` embedded with ``encoder`` in the job.
 
-    ``known``: the space is registered already; otherwise the fit registers it with its version.
+    ``known``: the space is registered already; otherwise the job registers it from the data.
     """
 
     space: str
@@ -84,9 +84,8 @@ def check_pairs(src: FitSide, tgt: FitSide, paired: bool) -> None:
 
 def embed_side(registry, load_encoder: Callable, side: FitSide, progress: Progress | None = None,
                block: int = 256) -> np.ndarray:
-    """The side's rows (n, d): its vectors, or its texts embedded in blocks of ``block``. A new space is not
-    registered here: the fit registers it with its version (recording the encoder), after its checks of the rows
-    (registered first, a misspelt space was a known one to them, and stayed when the fit failed)."""
+    """The side's rows (n, d): its vectors, or its texts embedded in blocks of ``block``; registers the
+    space from the data when it is new."""
     X = side.X
     if X is None:
         enc, say = load_encoder(side.encoder), progress or silent
@@ -95,6 +94,11 @@ def embed_side(registry, load_encoder: Callable, side: FitSide, progress: Progre
             say(f"encode {side.label}", s / len(side.texts))
             parts.append(np.asarray(enc.encode(side.texts[s : s + block], kind="passage"), dtype=np.float32))
         X = as_matrix(np.vstack(parts), name=f"{side.label} embeddings")
+    if not side.known:
+        try:
+            registry.get_space(side.space)
+        except NotFoundError:
+            registry.register_space(side.space, int(X.shape[1]), encoder=side.encoder)
     return X
 
 

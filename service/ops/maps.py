@@ -41,8 +41,8 @@ from .plans import MIGRATION_METHODS, check_semi_supervised, fit_migration_map
 from .unpaired import UNPAIRED, check_unpaired, check_unpaired_method
 
 __all__ = ["run_fit", "fit_map", "unreliable_note", "METHODS", "SUPERVISED", "FitSide", "check_fit_request",
-           "check_fit_params", "check_fit_rows", "check_fit_side_spaces", "check_two_spaces", "fit_side", "check_pairs",
-           "embed_side", "fit_sides", "create_space", "describe_map", "report_html", "embed"]
+           "check_fit_params", "check_fit_rows", "fit_side", "check_pairs", "embed_side", "fit_sides", "create_space",
+           "describe_map", "report_html", "embed"]
 
 METHODS = ("minivec2vec", "procrustes", "ridge", "lowrank", "auto", "contrastive", "cluster")
 SUPERVISED = ("procrustes", "ridge", "lowrank", "auto", "contrastive", "cluster")
@@ -222,7 +222,7 @@ def run_fit(registry: Registry, *, name: str, source, target, method: str, param
             inputs: dict | None = None, artifact_format: str | None = None,
             report_copy=None, ray_address: str | None = None, report: bool = True, threads: int = 1,
             ray_shard_rows: int = 262144, notes: list[str] | None = None, unpaired_source=None,
-            unpaired_target=None, stream=None, encoders: dict[str, str] | None = None) -> VersionInfo:
+            unpaired_target=None, stream=None) -> VersionInfo:
     """Fit, diagnose, report and register one map version.
 
     Parameters
@@ -251,8 +251,6 @@ def run_fit(registry: Registry, *, name: str, source, target, method: str, param
                                  the pairs (:mod:`service.ops.unpaired`; the migration methods only)
     stream : PairFiles, optional  ``source`` / ``target`` are its memory maps: checked and hashed by its scan, fitted
                                  and cross-validated from its files (:mod:`service.ops.fit_stream`), never read whole
-    encoders : dict, optional    ``{space: encoder}`` of sides embedded from texts (besides
-                                 ``inputs[side]["encoder"]``): recorded on a space the fit creates, as given
 
     An ``alias`` is not moved to a fit flagged unreliable (``metrics["reliable"]`` False): a pinned alias wins
     over the "never chosen for a path" rule, so a failed refit with ``--alias prod`` replaced the production map
@@ -267,7 +265,6 @@ def run_fit(registry: Registry, *, name: str, source, target, method: str, param
     check_name(target_space, "target space")
     if alias is not None:
         check_alias(alias)
-    check_two_spaces(source_space, target_space)
     _check_map_spaces(registry, name, source_space, target_space)  # what registration would refuse: before the fit
     _check_artifact_folder(registry, name)
     params = dict(params or {})
@@ -291,14 +288,10 @@ def run_fit(registry: Registry, *, name: str, source, target, method: str, param
                 continue
             if have != M.shape[1]:
                 raise ConflictError(f"space {space!r} is {have}-d, not {M.shape[1]}-d")
-        # a space the fit creates from texts records their encoder (a later text transform then needs no --encoder)
-        encoders = {**_side_encoders(inputs, source_space, target_space),
-                    **{space: enc for space, enc in (encoders or {}).items() if enc}}
         rest = check_unpaired((X.shape[1], Y.shape[1]), unpaired_source=unpaired_source,
                               unpaired_target=unpaired_target)
-        # swapped files, unpaired rows of the other side's model (they make the side's frame), and a space the fit
-        # would create that is another's misspelling: refused here
-        for note in check_fit_spaces(registry, X, Y, source_space, target_space, unpaired=rest, encoders=encoders):
+        # swapped files, and unpaired rows of the other side's model (they make the side's frame): refused here
+        for note in check_fit_spaces(registry, X, Y, source_space, target_space, unpaired=rest):
             warnings.warn(note, VecbridgeWarning, stacklevel=2)
         hashes = ({"source": sha256_array(X), "target": sha256_array(Y)} if stream is None else stream.scan()["hashes"])
         hashes.update({k: sha256_array(U) for k, U in rest.items()})
@@ -362,6 +355,10 @@ def run_fit(registry: Registry, *, name: str, source, target, method: str, param
     metrics["timings"] = {k: round(v, 4) for k, v in {**st.timings, **inner_timings(diag)}.items()}
     if isinstance(map_.metadata.get("distributed"), dict):  # a sharded fit's record, its workers' peak memory too
         metrics["distributed"] = dict(map_.metadata["distributed"])
+    # a space the fit creates from texts records their encoder (a later text transform then needs no --encoder)
+    encoders = {space: canonical_name(side["encoder"]) for key, space in (("source", source_space),
+                                                                          ("target", target_space))
+                if isinstance(side := (inputs or {}).get(key), dict) and side.get("encoder")}
 
     seen: dict = {}  # what the bare name meant before the try that registered (a try runs only if none had)
 
@@ -400,23 +397,6 @@ def run_fit(registry: Registry, *, name: str, source, target, method: str, param
     if note and notes is not None:
         notes.append(note)
     return version
-
-
-def _side_encoders(inputs: dict | None, source_space: str, target_space: str) -> dict[str, str]:
-    """``{space: encoder}`` of the sides embedded from texts (``inputs[side]["encoder"]``), canonical names."""
-    return {space: canonical_name(side["encoder"]) for key, space in (("source", source_space),
-                                                                     ("target", target_space))
-            if isinstance(side := (inputs or {}).get(key), dict) and side.get("encoder")}
-
-
-def check_two_spaces(source_space: str, target_space: str) -> None:
-    """A map goes between two spaces: one from a space into itself is refused (InputError: 422 / exit 2). It was
-    registered (``minilm -> minilm``), and a search from that space then applied it or none, as path choice saw fit;
-    a transform within one space is a steer (``vecbridge steer fit`` / POST /v1/steers)."""
-    if source_space == target_space:
-        raise InputError(f"source and target space are both {source_space!r}: a map goes from one space into "
-                         f"another (name the other side's space; a transform within one space is a steer: "
-                         f"`vecbridge steer fit` / POST /v1/steers)")
 
 
 def _fit_signals(meta: dict, diag: dict) -> dict:
@@ -459,7 +439,6 @@ def check_fit_request(registry, *, name: str, method: str, paired: bool, source_
     check_name(target_space, "target space")
     if alias is not None:
         check_alias(alias)
-    check_two_spaces(source_space, target_space)
     _check_map_spaces(registry, name, source_space, target_space)
     _check_artifact_folder(registry, name)
     _check_method(method, paired)
@@ -544,19 +523,6 @@ def check_fit_rows(method: str, params: dict | None, src: FitSide, tgt: FitSide,
         _minivec2vec(params, random_state).check_rows(src.rows, tgt.rows, seeded=len(seed_pairs or ()) >= 2)
 
 
-def check_fit_side_spaces(registry, src: FitSide, tgt: FitSide, references: Callable[[int], dict]) -> None:
-    """The fit's check of its rows against their spaces (:func:`service.spaces.check_fit_spaces`: swapped files, a
-    side of another space, a new space that is a registered one's misspelling), made when the fit is requested for
-    the sides given as vectors (a side of texts is checked in the job, once embedded). ``references(dim)``: the
-    registry's references of ``dim``-wide spaces (the service's cache)."""
-    if src.X is None and tgt.X is None:
-        return
-    X, Y = (s.X if s.X is not None else np.empty((0, 0), np.float32) for s in (src, tgt))
-    dims = {M.shape[1] for M in (X, Y) if M.size}
-    check_fit_spaces(registry, X, Y, src.space, tgt.space,
-                     references=lambda: {k: v for d in dims for k, v in references(d).items()})
-
-
 def _check_method(method: str, paired: bool) -> None:
     if method not in METHODS:
         raise InputError(f"unknown method {method!r}; choose from {', '.join(METHODS)}")
@@ -578,7 +544,7 @@ def fit_sides(registry, load_encoder: Callable, src: FitSide, tgt: FitSide, *, p
         seed = (pairs[:, 0], pairs[:, 1])  # (source rows, target rows), as align.MiniVec2Vec takes them
     return run_fit(registry, source=Xs, target=Xt, source_space=src.space, target_space=tgt.space, seed_pairs=seed,
                    progress=progress, inputs={**(inputs or {}), "source": src.describe(), "target": tgt.describe()},
-                   encoders={side.space: side.encoder for side in (src, tgt) if side.encoder}, **fit)
+                   **fit)
 
 
 # --- spaces, maps, reports -----------------------------------------------------------------------

@@ -360,7 +360,7 @@ def embed_and_register(registry, load_encoder: Callable, *, space: str, X: np.nd
     if info is not None and X.shape[1] != info.dim:
         raise DimensionMismatchError(f"space {space!r} is {info.dim}-d, the rows have {X.shape[1]}")
     if texts is None or info is None or not info.encoder:  # texts embedded by the space's own encoder are its rows
-        check_steer_rows(registry, X, space, use="fit", references=references, warn=warn, encoder=encoder,
+        check_steer_rows(registry, X, space, use="fit", references=references, warn=warn,
                          name="the rows" if texts is None else f"the texts embedded by {encoder}")
     inputs = {**(inputs or {}), "rows": int(X.shape[0]), **({"encoder": encoder} if encoder else {})}
     return fit_and_register(registry, space=space, X=X, items=items, inputs=inputs, progress=progress,
@@ -427,21 +427,18 @@ _ROWS_FIX = {
 
 
 def check_steer_rows(registry, X, space: str, *, use: str, name: str, ref: str | None = None, references=None,
-                     warn: Callable[[str], None] | None = None, encoder: str | None = None) -> None:
+                     warn: Callable[[str], None] | None = None) -> None:
     """Rows ``X`` (n, d) fitted on, steered or ranked (``use``: ``"fit"``, ``"apply"``, ``"lens"``) in ``space``
     (steer ``ref``), checked as ``transform`` and ``index add`` check theirs (:func:`service.spaces.check_rows`
     against the references of every space of their width: ``references()``, default the registry's, asked only for
     ``MEAN_CHECK_MIN_ROWS`` rows or more): rows that another space clearly recognises are a SpaceMismatchError
     naming it (a minilm steer applied to e5 rows answered with no word). ``warn(note)``: rows references exist for
-    but none recognises. A fit in a space not registered (it would create it) whose rows another space recognises
-    is refused as a misspelling of that space (``encoder``: the texts' encoder, which the new space records)."""
+    but none recognises."""
     X = np.asarray(X)
     if X.ndim != 2:  # refused by shape where the rows are read
         return
-    known = use != "fit" or any(s.name == space for s in registry.list_spaces())
     refs = references or (lambda: space_references(registry, X.shape[1]))
-    check_rows(X, space, refs, name=name, fix=_ROWS_FIX[use].format(ref=ref, space=space), warn=warn, known=known,
-               encoder=encoder)
+    check_rows(X, space, refs, name=name, fix=_ROWS_FIX[use].format(ref=ref, space=space), warn=warn)
 
 
 #: why a steer refuses an all-zero row (:func:`check_steer_zero_rows`), after transform's "a zero row has no direction"

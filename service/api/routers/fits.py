@@ -27,10 +27,7 @@ version), cancel it with `DELETE /v1/jobs/{id}`.
 
 Each side (`source`, `target`) is `vectors` (JSON rows), `vectors_b64` + `dim` (base64
 float32), or `texts` embedded in the job with `encoder` (default: the space's encoder).
-Unknown spaces are registered from the data (dimension of the vectors or of the encoder), unless the rows
-look like a registered space's (a misspelt name: a 422 naming that space; register a new space first,
-`POST /v1/spaces`, to fit rows of the same model under another name). `source_space` and `target_space`
-differ (a transform within one space is a steer: `POST /v1/steers`).
+Unknown spaces are registered from the data (dimension of the vectors or of the encoder).
 `paired=true` means row i of source and target are the same item (the paired methods:
 procrustes, ridge, lowrank, auto, contrastive, cluster; the default for them, as in the CLI; with
 `paired=true` name one in `method`, as the CLI's --method: a 422 without, unless two or more `seed_pairs` seed
@@ -121,8 +118,6 @@ def create_fit(body: bytes, request, state, settings):
     _check_seed_pairs(opts.seed_pairs, src.rows, tgt.rows)
     map_ops.check_fit_rows(method, opts.params, src, tgt, seed_pairs=opts.seed_pairs,
                            random_state=opts.random_state)  # rows too few for the params: now, not a failed job
-    # rows of another space, swapped files, a misspelt new space: a 422 now (vectors), as the job would refuse them
-    map_ops.check_fit_side_spaces(state.registry, src, tgt, state.space_references)
     state.metrics.batch_rows.labels("fit").observe(src.rows + tgt.rows)
 
     def job(ctx):
