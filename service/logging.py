@@ -15,11 +15,9 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import sys
 import threading
 import time
-import warnings
 from typing import Any
 
 __all__ = ["Every", "JsonFormatter", "configure_logging", "get_logger", "redact"]
@@ -92,9 +90,7 @@ def configure_logging(level: str = "INFO", *, server: bool = False) -> None:
     ``server=True`` (a serving process, each ``--workers`` process too): uvicorn's own lines (start-up, shutdown,
     invalid requests, errors) go the same way; its access log stays off (the access logger writes one line per
     request, without headers or query strings). A worker process left them unconfigured: its INFO lines were
-    lost and its warnings were plain text in the JSON stream. Python warnings (``VecbridgeWarning``, scikit-learn's
-    ``ConvergenceWarning``...) become records of the ``py.warnings`` logger, JSON lines too, and tqdm progress bars
-    (the language model's loader draws some) are off in a serving process (:func:`_server_streams`).
+    lost and its warnings were plain text in the JSON stream.
     """
     root = logging.getLogger("vecbridge")
     root.setLevel(level.upper())
@@ -105,7 +101,6 @@ def configure_logging(level: str = "INFO", *, server: bool = False) -> None:
         root.addHandler(handler)
     root.propagate = False
     if server:
-        _server_streams(root.handlers)
         uv = logging.getLogger("uvicorn")
         uv.handlers = list(root.handlers)
         uv.setLevel(level.upper())
@@ -113,46 +108,6 @@ def configure_logging(level: str = "INFO", *, server: bool = False) -> None:
         for name in ("uvicorn.error", "uvicorn.asgi"):  # children of "uvicorn": no handlers of their own
             logging.getLogger(name).handlers = []
             logging.getLogger(name).propagate = True
-
-
-def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
-    """``warnings.showwarning`` of a serving process: one ``py.warnings`` record (the logger
-    :func:`logging.captureWarnings` uses) with the warning's text as ``msg`` and its ``category`` and ``where``
-    (``file:line``) as fields, not the multi-line plain text Python writes to stderr. A warning shown to an explicit
-    ``file`` is written there as before."""
-    if file is not None:
-        _PLAIN_SHOWWARNING(message, category, filename, lineno, file, line)
-        return
-    logging.getLogger("py.warnings").warning(str(message), extra={"fields": {
-        "category": getattr(category, "__name__", str(category)), "where": f"{filename}:{lineno}"}})
-
-
-_PLAIN_SHOWWARNING = warnings.showwarning
-
-
-def _server_streams(handlers) -> None:
-    """A serving process's stderr holds JSON lines only, from Python at least: warnings through ``handlers`` (the
-    ``vecbridge`` tree's) as :func:`_show_warning` records, and tqdm bars disabled (they drew plain text into the
-    stream: the language model's GGUF loader draws one). FAISS's C++ code writes to the stderr file descriptor
-    itself ("WARNING clustering ..."): that cannot be routed, README's logging section says so."""
-    pw = logging.getLogger("py.warnings")
-    pw.handlers = list(handlers)
-    pw.propagate = False
-    warnings.showwarning = _show_warning
-    os.environ["TQDM_DISABLE"] = "1"  # a process started from here, or a tqdm imported after this
-    try:
-        from tqdm import std
-    except ImportError:  # pragma: no cover - tqdm comes with the CLI's dependencies
-        return
-    if not getattr(std.tqdm, "_vecbridge_quiet", False):
-        init = std.tqdm.__init__
-
-        def quiet_init(self, *args, **kwargs):
-            kwargs["disable"] = True
-            init(self, *args, **kwargs)
-
-        std.tqdm.__init__ = quiet_init
-        std.tqdm._vecbridge_quiet = True
 
 
 def get_logger(name: str) -> logging.Logger:
