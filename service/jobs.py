@@ -312,6 +312,8 @@ class JobManager:
             # a retry whose key created a job of another process (a sibling worker, or before a restart) is answered
             # that job (or its conflict) as when the queue has room; before, it was a 429 until the queue emptied
             first = None if idempotency_key is None or self.store is None else self.store.by_key(idempotency_key)
+            if self._let_go_here(first):
+                first = None
             if first is None and owner_full:
                 raise QueueFullError(self._owner_message(mine, free, owner_limit))
             if first is None:
@@ -322,6 +324,8 @@ class JobManager:
             return self.get(first.id), False
         try:  # durable before it is acknowledged; the store settles key races
             first = self.store.insert(job) if self.store is not None else None
+            if self._let_go_here(first):
+                first = self.store.insert(job)
         except BaseException:
             with self._lock:
                 self._left_joining(owner)
@@ -353,6 +357,18 @@ class JobManager:
                 f"Idempotency-Key {idempotency_key!r} was used for a different request (job {first.id})")
         self._count("queued")
         return job, True
+
+    def _let_go_here(self, stored: Job | None) -> bool:
+        """Whether ``stored`` (the store's job of a key) is this process's job that let its key go before its end
+        was written; it is written now. A resubmission in that gap got the failed job its message called free."""
+        if stored is None:
+            return False
+        with self._lock:
+            live = self._jobs.get(stored.id)
+        if live is None or live.idempotency_key is not None:
+            return False
+        self._persist(live)
+        return True
 
     def _refuse_if_closed(self) -> None:
         if self._closed:

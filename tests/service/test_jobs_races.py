@@ -211,3 +211,54 @@ def test_the_job_list_and_a_cancel_read_a_reporting_jobs_record_whole(tmp_path, 
         mgr.cancel(job.id)
         wait(mgr.get, job.id)
         mgr.shutdown(wait=True)
+
+
+class _LateEndStore(JobStore):
+    """A store whose final writes from job workers wait until ``gate`` opens: a job's end is already answered by
+    GET (it is in memory) while its record still holds its Idempotency-Key (for ``hold`` seconds at most: the fix's
+    own write of the record waits for the worker's)."""
+
+    def __init__(self, path, **kw):
+        super().__init__(path, **kw)
+        self.gate = threading.Event()
+        self.hold = 2.0
+        self.test_thread = threading.get_ident()
+
+    def save(self, job, *, was=None):
+        if job.state in TERMINAL and threading.get_ident() != self.test_thread:
+            self.gate.wait(self.hold)
+        return super().save(job, was=was)
+
+
+@pytest.mark.parametrize("queue", ["room", "full"])
+def test_a_key_a_failed_job_let_go_is_free_before_its_end_is_written(tmp_path, queue):
+    """CI under load: a fit that failed on a retryable error said "its Idempotency-Key is free again", yet a
+    resubmission with the key sent right away was answered the failed job: its worker had not yet written the record
+    that lets the key go. The key is free from the moment the end says so, with room in the queue or not."""
+    from service.registry.errors import RegistryLockedError
+
+    def locked(ctx):
+        raise RegistryLockedError("the registry database stayed locked (test)")
+
+    store = _LateEndStore(tmp_path / "jobs.sqlite")
+    mgr = JobManager(workers=1, max_queued=0 if queue == "full" else 4, store=store)
+    mgr.open()
+    try:
+        first, _ = mgr.submit(locked, kind="fit", idempotency_key="deploy-42", request_hash="h")
+        failed = wait(mgr.get, first.id)
+        assert "free again" in failed.error["message"], failed.error
+        assert store.by_key("deploy-42") is not None  # the worker's write is held: the store still has the key
+        if queue == "full":
+            blocker = threading.Event()
+            busy, _ = mgr.submit(lambda ctx: blocker.wait(10), kind="fit")
+            try:
+                with pytest.raises(Exception, match="queue"):  # no room: a 429, not the failed job
+                    mgr.submit(locked, kind="fit", idempotency_key="deploy-42", request_hash="h")
+            finally:
+                blocker.set()
+        else:
+            again, created = mgr.submit(locked, kind="fit", idempotency_key="deploy-42", request_hash="h")
+            assert created and again.id != first.id
+    finally:
+        store.gate.set()
+        mgr.shutdown(wait=True)
