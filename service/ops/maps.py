@@ -278,6 +278,8 @@ def run_fit(registry: Registry, *, name: str, source, target, method: str, param
     with st.stage("validate", timing="validate + hash"):
         X = as_matrix(source, name="source") if stream is None else source  # a stream's: checked as scanned
         Y = as_matrix(target, name="target") if stream is None else target
+        if stream is not None:  # its bad rows named first, as a whole read names them (the space checks come after)
+            stream.scan()
         if paired and X.shape[0] != Y.shape[0]:
             raise align.PairCountError(f"paired fit needs as many source rows as target rows, got {X.shape[0]} "
                                        f"and {Y.shape[0]}")
