@@ -53,6 +53,19 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def on_a_free_port(attempt):
+    """``attempt()``: a server's start on a :func:`free_port` it takes itself, :class:`PortTaken` where another process
+    took that port before the server bound it; tried again (up to :data:`PORT_TRIES` in all) on that, its answer
+    returned. The one retry of :func:`start_on_free_port`, :func:`serve_in_thread` and the reliability ``Server``."""
+    for tries_left in range(PORT_TRIES - 1, -1, -1):
+        try:
+            return attempt()
+        except PortTaken:
+            if not tries_left:
+                raise
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
 def wait_ready(url: str, *, proc: subprocess.Popen | None = None, path: str = "/readyz", timeout: float = 60.0,
                log: Path | None = None) -> None:
     """Poll ``url + path`` until it answers 200; AssertionError (with the tail of ``log``) when ``proc`` exits
@@ -268,7 +281,7 @@ def serve_in_thread(app) -> Iterator[str]:
     """
     import uvicorn
 
-    for tries_left in range(PORT_TRIES - 1, -1, -1):
+    def attempt():
         port = free_port()
         srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
         th = threading.Thread(target=_run_quietly, args=(srv,), daemon=True)
@@ -276,9 +289,11 @@ def serve_in_thread(app) -> Iterator[str]:
         deadline = time.monotonic() + 60
         while not srv.started and th.is_alive() and time.monotonic() < deadline:
             th.join(0.05)
-        if srv.started or th.is_alive() or not tries_left:
-            break
-        # its thread ended unstarted: uvicorn's bind failed (EADDRINUSE: the port was taken meanwhile); another one
+        if not srv.started and not th.is_alive():  # uvicorn's bind failed (EADDRINUSE: the port was taken meanwhile)
+            raise PortTaken(f"in-process uvicorn did not start: port {port} was taken before it bound it?")
+        return srv, th, port
+
+    srv, th, port = on_a_free_port(attempt)
     assert srv.started, "in-process uvicorn did not start"
     try:
         yield f"http://127.0.0.1:{port}"
@@ -361,15 +376,12 @@ def start(cmd: list[str], env: dict, port: int, log: Path) -> subprocess.Popen:
 def start_on_free_port(make, log: Path) -> tuple[subprocess.Popen, int]:
     """:func:`start` of the server ``make(port)`` (``(cmd, env)``) on a :func:`free_port`, and on another one (up to
     :data:`PORT_TRIES` in all) where another process took that port before the server bound it; ``(proc, port)``."""
-    for tries_left in range(PORT_TRIES - 1, -1, -1):
+    def attempt():
         port = free_port()
         cmd, env = make(port)
-        try:
-            return start(cmd, env, port, log), port
-        except PortTaken:
-            if not tries_left:
-                raise
-    raise AssertionError("unreachable")  # pragma: no cover
+        return start(cmd, env, port, log), port
+
+    return on_a_free_port(attempt)
 
 
 def env_for(data_dir: Path, port: int) -> dict:

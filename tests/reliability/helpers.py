@@ -22,7 +22,7 @@ import httpx
 import numpy as np
 
 from _jobs_support import wait_http_job as wait_job  # noqa: F401  (the reliability tests import it from here)
-from _servers import PORT_TRIES, PortTaken, free_port, rss_kib, wait_ready
+from _servers import PortTaken, free_port, on_a_free_port, rss_kib, wait_ready
 from align import fit_procrustes, fit_ridge
 from service.config import Settings
 
@@ -126,13 +126,7 @@ class Server:
     def start(self, timeout: float = 90.0) -> "Server":
         """Start the server on a :func:`free_port` (another one, up to :data:`PORT_TRIES` in all, where another
         process took it before the server bound it) and return once it is ready."""
-        for tries_left in range(PORT_TRIES - 1, -1, -1):
-            try:
-                return self._start(timeout)
-            except PortTaken:
-                if not tries_left:
-                    raise
-        raise AssertionError("unreachable")  # pragma: no cover
+        return on_a_free_port(lambda: self._start(timeout))
 
     def _start(self, timeout: float) -> "Server":
         self.port = free_port()

@@ -19,6 +19,18 @@ def _take(port: int, held: list) -> None:
     held.append(s)
 
 
+def _racing(free_port, tried: list, held: list):
+    """``free_port`` whose first port another process takes (:func:`_take`) before the server binds it; every port
+    it gives is appended to ``tried``."""
+    def racing_free_port() -> int:
+        port = free_port()
+        if not tried:
+            _take(port, held)
+        tried.append(port)
+        return port
+    return racing_free_port
+
+
 def test_a_server_whose_port_is_taken_before_it_binds_starts_on_another(tmp_path):
     data = tmp_path / "data"
     seed_registry(data)
@@ -48,16 +60,7 @@ def test_an_app_served_in_a_thread_whose_port_is_taken_starts_on_another(monkeyp
     app = FastAPI()
     app.get("/ping")(lambda: {"ok": True})
     tried, held = [], []
-    free_port = _servers.free_port
-
-    def racing_free_port() -> int:
-        port = free_port()
-        if not tried:
-            _take(port, held)
-        tried.append(port)
-        return port
-
-    monkeypatch.setattr(_servers, "free_port", racing_free_port)
+    monkeypatch.setattr(_servers, "free_port", _racing(_servers.free_port, tried, held))
     try:
         with serve_in_thread(app) as url:
             assert len(tried) == 2 and url.endswith(f":{tried[1]}"), (tried, url)
@@ -72,16 +75,7 @@ def test_a_reliability_server_whose_port_is_taken_before_it_binds_starts_on_anot
     from reliability import helpers
 
     tried, held = [], []
-    free_port = helpers.free_port
-
-    def racing_free_port() -> int:
-        port = free_port()
-        if not tried:
-            _take(port, held)
-        tried.append(port)
-        return port
-
-    monkeypatch.setattr(helpers, "free_port", racing_free_port)
+    monkeypatch.setattr(helpers, "free_port", _racing(helpers.free_port, tried, held))
     server = helpers.Server(tmp_path / "data", log_path=tmp_path / "server.log")
     try:
         with server:
