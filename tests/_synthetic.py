@@ -58,3 +58,33 @@ def planted_attribute(n: int, d: int, *, n_queries: int, offset: float = 3.0, se
     Q[:, 1] += offset
     Q /= np.linalg.norm(Q, axis=1, keepdims=True)
     return X.astype(np.float32), labels, Q.astype(np.float32)
+
+
+def nonlinear_corpus(rng, n: int, d: int, clusters: int):
+    """A clustered old corpus ``X (n, d)`` (``clusters`` centres) and a non-linear new model of it, ``Y`` (tanh then a
+    rotation, noise): what a linear map cannot carry over whole (the labelled-retention tests). Draws from ``rng``."""
+    C = rng.normal(size=(clusters, d)) * 2
+    X = (C[rng.integers(0, clusters, n)] + rng.normal(size=(n, d))).astype(np.float32)
+    R = np.linalg.qr(rng.normal(size=(d, d)))[0]
+    Y = (np.tanh(X / 2) @ R + 0.3 * rng.normal(size=(n, d))).astype(np.float32)
+    return X, Y
+
+
+def queries_near(rng, X, Y, docs):
+    """A query near each of the documents ``docs`` (rows of the corpus) in each model: ``(new_queries, old_queries)``,
+    drawn from ``rng``."""
+    shape = (len(docs), X.shape[1])
+    Qn = (Y[docs] + 0.8 * rng.normal(size=shape)).astype(np.float32)
+    Qo = (X[docs] + 0.8 * rng.normal(size=shape)).astype(np.float32)
+    return Qn, Qo
+
+
+def heldout_labelled_task(seed: int = 0, n: int = 5000, d: int = 32, q: int = 150, held: int = 500):
+    """Old corpus X, a non-linear new model Y (:func:`nonlinear_corpus`, 50 clusters), queries near their documents
+    in each model; the last ``held`` rows are the held-out documents, every query's relevant one among them (``rel``:
+    its index there). ``(X, Y, new_queries, old_queries, rel)``."""
+    rng = np.random.default_rng(seed)
+    X, Y = nonlinear_corpus(rng, n, d, 50)
+    rel = rng.choice(held, q, replace=False)
+    Qn, Qo = queries_near(rng, X, Y, n - held + rel)
+    return X, Y, Qn, Qo, rel

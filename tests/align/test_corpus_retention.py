@@ -7,21 +7,13 @@ import numpy as np
 import pytest
 
 import align
+from _synthetic import heldout_labelled_task
 from align.exceptions import DimensionMismatchError, PairCountError
 
 
-def _task(seed=0, n=5000, d=32, q=150, held=500):
-    """Clustered old corpus X, a non-linear new model Y, queries near their documents in each model; the last
-    ``held`` rows are the held-out documents (every query's relevant one among them)."""
-    rng = np.random.default_rng(seed)
-    C = rng.normal(size=(50, d)) * 2
-    X = (C[rng.integers(0, 50, n)] + rng.normal(size=(n, d))).astype(np.float32)
-    R = np.linalg.qr(rng.normal(size=(d, d)))[0]
-    Y = (np.tanh(X / 2) @ R + 0.3 * rng.normal(size=(n, d))).astype(np.float32)
-    rel = rng.choice(held, q, replace=False)
-    Qn = (Y[n - held + rel] + 0.8 * rng.normal(size=(q, d))).astype(np.float32)
-    Qo = (X[n - held + rel] + 0.8 * rng.normal(size=(q, d))).astype(np.float32)
-    return X, Y, Qn, Qo, rel, held
+def _task(seed=0, n=5000, held=500):
+    """:func:`heldout_labelled_task` (the last ``held`` rows held out) and ``held``."""
+    return (*heldout_labelled_task(seed, n, held=held), held)
 
 
 def _unit(A):

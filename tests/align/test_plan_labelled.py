@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 import align
+from _synthetic import nonlinear_corpus, queries_near
 from align.exceptions import InputError, NonFiniteError, PairCountError, TooFewRowsError
 
 
@@ -13,13 +14,9 @@ def _task(seed=0, n=6000, d=32, q=150, probe=600):
     """Clustered old corpus X, a non-linear new model Y (tanh then rotation, noise), queries near their documents
     in each model; a probe of ``probe`` documents holding every query's relevant one."""
     rng = np.random.default_rng(seed)
-    C = rng.normal(size=(60, d)) * 2
-    X = (C[rng.integers(0, 60, n)] + rng.normal(size=(n, d))).astype(np.float32)
-    R = np.linalg.qr(rng.normal(size=(d, d)))[0]
-    Y = (np.tanh(X / 2) @ R + 0.3 * rng.normal(size=(n, d))).astype(np.float32)
+    X, Y = nonlinear_corpus(rng, n, d, 60)
     rel = rng.choice(n, q, replace=False)
-    Qn = (Y[rel] + 0.8 * rng.normal(size=(q, d))).astype(np.float32)
-    Qo = (X[rel] + 0.8 * rng.normal(size=(q, d))).astype(np.float32)
+    Qn, Qo = queries_near(rng, X, Y, rel)
     others = rng.choice(np.setdiff1d(np.arange(n), rel), probe - q, replace=False)
     rows = np.sort(np.concatenate([rel, others]))
     return X, Y, Qn, Qo, rel, rows, np.searchsorted(rows, rel)

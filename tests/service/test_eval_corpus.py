@@ -16,21 +16,11 @@ import align
 from service.api import create_app
 from service.io import write_vectors
 from _api_support import R, settings_for
+from _synthetic import heldout_labelled_task
 from conftest import run_cli as run
 
 
-def _task(seed=0, n=5000, d=32, q=150, held=500):
-    """Old corpus X, a non-linear new model Y, queries near their documents in each model; the last ``held`` rows
-    are the held-out documents, every query's relevant one among them."""
-    rng = np.random.default_rng(seed)
-    C = rng.normal(size=(50, d)) * 2
-    X = (C[rng.integers(0, 50, n)] + rng.normal(size=(n, d))).astype(np.float32)
-    Rot = np.linalg.qr(rng.normal(size=(d, d)))[0]
-    Y = (np.tanh(X / 2) @ Rot + 0.3 * rng.normal(size=(n, d))).astype(np.float32)
-    rel = rng.choice(held, q, replace=False)
-    Qn = (Y[n - held + rel] + 0.8 * rng.normal(size=(q, d))).astype(np.float32)
-    Qo = (X[n - held + rel] + 0.8 * rng.normal(size=(q, d))).astype(np.float32)
-    return X, Y, Qn, Qo, rel
+_task = heldout_labelled_task
 
 
 @pytest.fixture
