@@ -125,9 +125,9 @@ def _private(name: str) -> bool:
 def test_no_module_uses_another_modules_private_names():
     """align and service modules used each other's underscore names (``Frame._fit``, ``knn._knn``,
     ``migration._Problem``, ``io._parquet_file``...): what another module needs has a public spelling. Neither
-    ``from .x import _y`` nor ``Imported._y`` (a class or module bound by an import of align or service); a
-    package-private module (``align._artifacts``, ``service.cli._common``) is its package's, and ``x as _x`` is
-    a public name bound locally."""
+    ``from .x import _y`` nor ``Imported._y`` / ``imported.Class._y`` (a class or module bound by an import of align
+    or service, or an attribute of one); a package-private module (``align._artifacts``, ``service.cli._common``)
+    is its package's, and ``x as _x`` is a public name bound locally."""
     bad = []
     for path, mod in _sources("align", "service"):
         ours: set[str] = set()  # names this module binds to align / service classes and modules
@@ -141,10 +141,20 @@ def test_no_module_uses_another_modules_private_names():
             elif isinstance(node, ast.Import):
                 ours.update((a.asname or a.name).split(".")[0] for a in node.names if layer(a.name))
         for node in ast.walk(ast.parse(path.read_text())):
-            if (isinstance(node, ast.Attribute) and _private(node.attr) and isinstance(node.value, ast.Name)
-                    and node.value.id in ours):
-                bad.append(f"{path.relative_to(ROOT)}:{node.lineno} uses {node.value.id}.{node.attr}")
+            if isinstance(node, ast.Attribute) and _private(node.attr) and (root := _dotted(node.value)) \
+                    and root.partition(".")[0] in ours:
+                bad.append(f"{path.relative_to(ROOT)}:{node.lineno} uses {root}.{node.attr}")
     assert bad == [], "\n".join(bad)
+
+
+def _dotted(node: ast.expr) -> str | None:
+    """``a.b.c`` of a chain of names and attributes (``mod.Class``, ``mod``), None for anything else (a call, an
+    index): ``mod.Class._x`` is another module's private name as much as ``Class._x``."""
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    return ".".join([node.id, *reversed(parts)]) if isinstance(node, ast.Name) else None
 
 
 def test_align_calls_no_apply_but_its_own():
