@@ -35,29 +35,51 @@ def _waiting(conn, pid: int) -> bool:
     return conn.execute("SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = %s", (pid,)).fetchone()[0]
 
 
-def test_a_build_of_the_same_index_left_running_by_a_killed_run_is_waited_for_not_an_internal_error(
-        pg, pg_url):  # noqa: F811
-    X = np.random.default_rng(0).standard_normal((200, 8)).astype(np.float32)
+def _wait_until_waiting(watch, pid: int, thread: threading.Thread) -> None:
+    """Until session ``pid`` waits on a lock (as ``watch`` sees it) or ``thread`` ends (no sleep-based timing)."""
+    for _ in range(2000):
+        if _waiting(watch, pid) or not thread.is_alive():
+            break
+        thread.join(0.01)
+
+
+def _filled_target(pg, n: int = 200):
+    """``ib_dst`` (8-d) holding ``n`` random rows, no index yet; the rows."""
+    X = np.random.default_rng(0).standard_normal((n, 8)).astype(np.float32)
     pg.create("ib_dst", 8)
     pg.upsert("ib_dst", np.arange(len(X)), X)
+    return X
+
+
+def _left_building(dead) -> None:
+    """``dead`` (an autocommit connection) builds ib_dst's index, uncommitted: a killed run's build left open."""
+    dead.execute("BEGIN")
+    dead.execute('CREATE INDEX "ib_dst_hnsw" ON "ib_dst" USING hnsw ("embedding" vector_cosine_ops) '
+                 "WITH (m = 16, ef_construction = 64)")
+
+
+def _finalize_in_thread(store) -> tuple[threading.Thread, list]:
+    """``store.finalize("ib_dst")`` started in a daemon thread; the thread and the list its exception goes to."""
+    errors: list[BaseException] = []
+
+    def finalize():
+        try:
+            store.finalize("ib_dst")
+        except BaseException as e:  # noqa: BLE001 - the test reads it
+            errors.append(e)
+    t = threading.Thread(target=finalize, daemon=True)
+    t.start()
+    return t, errors
+
+
+def test_a_build_of_the_same_index_left_running_by_a_killed_run_is_waited_for_not_an_internal_error(
+        pg, pg_url):  # noqa: F811
+    X = _filled_target(pg)
     pid = pg.conn.execute("SELECT pg_backend_pid()").fetchone()[0]
     with psycopg.connect(pg_url, autocommit=True) as dead, psycopg.connect(pg_url, autocommit=True) as watch:
-        dead.execute("BEGIN")
-        dead.execute('CREATE INDEX "ib_dst_hnsw" ON "ib_dst" USING hnsw ("embedding" vector_cosine_ops) '
-                     "WITH (m = 16, ef_construction = 64)")
-        errors: list[BaseException] = []
-
-        def run():
-            try:
-                pg.finalize("ib_dst")
-            except BaseException as e:  # noqa: BLE001 - the test reads it
-                errors.append(e)
-        t = threading.Thread(target=run)
-        t.start()
-        for _ in range(2000):  # the rerun's CREATE INDEX waits on the other build's name (no sleep-based timing)
-            if _waiting(watch, pid) or not t.is_alive():
-                break
-            t.join(0.01)
+        _left_building(dead)
+        t, errors = _finalize_in_thread(pg)
+        _wait_until_waiting(watch, pid, t)  # the rerun's CREATE INDEX waits on the other build's name
         dead.execute("COMMIT")
         t.join(60)
     assert not t.is_alive() and not errors, errors
@@ -73,40 +95,22 @@ def test_the_retry_after_the_other_build_commits_waits_for_the_table_as_boundedl
     try does, then IndexBuildBusyError naming the writer."""
     from service.vectordb.pg_index import IndexBuildBusyError
 
-    X = np.random.default_rng(0).standard_normal((200, 8)).astype(np.float32)
-    pg.create("ib_dst", 8)
-    pg.upsert("ib_dst", np.arange(len(X)), X)
+    _filled_target(pg)
     pg.index_wait_s = 3.0
     pid = pg.conn.execute("SELECT pg_backend_pid()").fetchone()[0]
     with psycopg.connect(pg_url, autocommit=True) as dead, psycopg.connect(pg_url, autocommit=True) as watch, \
             psycopg.connect(pg_url) as writer:
-        dead.execute("BEGIN")
-        dead.execute('CREATE INDEX "ib_dst_hnsw" ON "ib_dst" USING hnsw ("embedding" vector_cosine_ops) '
-                     "WITH (m = 16, ef_construction = 64)")
-        errors: list[BaseException] = []
-
-        def build():
-            try:
-                pg.finalize("ib_dst")
-            except BaseException as e:  # noqa: BLE001 - the test reads it
-                errors.append(e)
+        _left_building(dead)
 
         def write():  # queued behind both builds' ShareLock; granted once ours rolls back, before its retry
             writer.execute("LOCK TABLE ib_dst IN ROW EXCLUSIVE MODE")
 
-        t = threading.Thread(target=build)
-        t.start()
-        for _ in range(2000):  # our build waits on the other build's name
-            if _waiting(watch, pid) or not t.is_alive():
-                break
-            t.join(0.01)
+        t, errors = _finalize_in_thread(pg)
+        _wait_until_waiting(watch, pid, t)  # our build waits on the other build's name
         w = threading.Thread(target=write)
         w.start()
         wpid = writer.info.backend_pid
-        for _ in range(2000):  # the writer waits for the table
-            if _waiting(watch, wpid):
-                break
-            w.join(0.01)
+        _wait_until_waiting(watch, wpid, w)  # the writer waits for the table
         dead.execute("COMMIT")
         t.join(30)  # (the old retry: held until the writer's transaction ends, below, then built nothing new)
         w.join(60)
@@ -305,16 +309,7 @@ def test_a_build_another_session_left_is_waited_for_a_bounded_time_then_exit_75_
 
     store = open_store(pg_url, index="hnsw", index_wait_s=0.5)
     store.drop("ib_dst")
-    X = np.random.default_rng(0).standard_normal((50, 8)).astype(np.float32)
-    store.create("ib_dst", 8)
-    store.upsert("ib_dst", np.arange(len(X)), X)
-    errors: list[BaseException] = []
-
-    def finalize():
-        try:
-            store.finalize("ib_dst")
-        except BaseException as e:  # noqa: BLE001 - the test reads it
-            errors.append(e)
+    _filled_target(store, 50)
     with psycopg.connect(pg_url, autocommit=True) as dead, psycopg.connect(pg_url, autocommit=True) as gate:
         build = None
         try:
@@ -323,8 +318,7 @@ def test_a_build_another_session_left_is_waited_for_a_bounded_time_then_exit_75_
             else:
                 dead.execute("BEGIN")
                 dead.execute('CREATE INDEX "ib_dst_hnsw" ON "ib_dst" USING hnsw ("embedding" vector_cosine_ops)')
-            t = threading.Thread(target=finalize, daemon=True)
-            t.start()
+            t, errors = _finalize_in_thread(store)
             t.join(60)  # the old code waited until the other build ended: here, until the finally below
             alive = t.is_alive()
         finally:
@@ -382,9 +376,7 @@ def test_a_rerun_of_vecbridge_migrate_beside_a_killed_runs_build_exits_75_naming
             "--map", str(tmp_path / "m.npz"), "--checkpoint", str(ckpt), "--quiet"]
     got: list = []
     with psycopg.connect(pg_url, autocommit=True) as dead:
-        dead.execute("BEGIN")
-        dead.execute('CREATE INDEX "ib_dst_hnsw" ON "ib_dst" USING hnsw ("embedding" vector_cosine_ops) '
-                     "WITH (m = 16, ef_construction = 64)")
+        _left_building(dead)
         capsys.readouterr()
         t = threading.Thread(target=lambda: got.append(main(args)), daemon=True)
         try:
