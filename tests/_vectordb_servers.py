@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 
 import numpy as np
 import pytest
@@ -84,3 +85,53 @@ def qdrant_local(tmp_path):
     s = open_store(f"qdrant://{tmp_path}/q")
     yield s
     s.close()
+
+
+@contextmanager
+def qdrant_migration_world(tmp_path, fields: dict | None = None, n: int = 120):
+    """A registry (spaces a, b; map a2b) in ``tmp_path / "data"`` and a local Qdrant folder holding ``src`` (``n``
+    rows, space a, texts ``t<i>``, payload ``fields`` beside them): ``{"tmp", "data", "url", "registry"}``, the
+    registry closed after. The world of the migration-checkpoint tests (:func:`migrate_world` runs in it)."""
+    from _servers import seed_registry
+
+    from service.registry import open_registry
+    from service.vectordb import open_store
+
+    data = tmp_path / "data"
+    X, _, _ = seed_registry(data)
+    url = f"qdrant://{tmp_path / 'qd'}"
+    with open_store(url) as s:
+        s.create("src", X.shape[1])
+        s.set_space("src", "a")
+        s.upsert("src", np.arange(n), X[:n], [f"t{i}" for i in range(n)], fields)
+    reg = open_registry(f"sqlite:///{(data / 'registry.sqlite').resolve()}", (data / "artifacts").resolve())
+    try:
+        yield {"tmp": tmp_path, "data": data, "url": url, "registry": reg}
+    finally:
+        reg.close()
+
+
+def migrate_world(world, checkpoint, *, stop: bool = False, target: str = "dst", **opts):
+    """``run_migration`` of ``src`` into ``target`` through ``a2b`` in a :func:`qdrant_migration_world`, 40 rows a
+    batch; ``stop``: stopped after the first."""
+    from service.ops.vectordb import run_migration
+
+    return run_migration(store_url=world["url"], source="src", target=target, map_ref="a2b", checkpoint=checkpoint,
+                         registry=world["registry"], batch_size=40, data_dir=world["data"],
+                         cancelled=(lambda: True) if stop else None, **opts)
+
+
+def rewrite_checkpoint(ck, *, options: dict | None = None, **changes) -> dict:
+    """Checkpoint file ``ck`` rewritten (as an older release, or another engine's run, left it): ``changes`` to its
+    state (a key given None is removed), ``options`` to its options; the new state."""
+    import json
+
+    state = json.loads(ck.read_text())
+    for key, value in changes.items():
+        if value is None:
+            state.pop(key, None)
+        else:
+            state[key] = value
+    state["options"].update(options or {})
+    ck.write_text(json.dumps(state))
+    return state

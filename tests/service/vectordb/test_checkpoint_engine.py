@@ -14,11 +14,10 @@ import shlex
 import numpy as np
 import pytest
 from _api_support import W, settings_for
-from _servers import seed_registry
-from _vectordb_servers import pg_url, small_migration  # noqa: F401  (module-scoped fixture)
+from _vectordb_servers import (  # noqa: F401  (pg_url: module-scoped fixture)
+    migrate_world, pg_url, qdrant_migration_world, rewrite_checkpoint, small_migration)
 
 from service.ops.vectordb import checkpoint_status, default_checkpoint, run_migration
-from service.registry import open_registry
 from service.vectordb import CheckpointMismatchError, MigrationInterrupted, open_store
 
 pytest.importorskip("qdrant_client")
@@ -29,35 +28,12 @@ N = 120
 @pytest.fixture
 def world(tmp_path):
     """A registry (spaces a, b; map a2b) in ``data`` and a local Qdrant folder holding ``src`` (N rows, space a)."""
-    data = tmp_path / "data"
-    X, _, _ = seed_registry(data)
-    url = f"qdrant://{tmp_path / 'qd'}"
-    with open_store(url) as s:
-        s.create("src", X.shape[1])
-        s.set_space("src", "a")
-        s.upsert("src", np.arange(N), X[:N], [f"t{i}" for i in range(N)])
-    reg = open_registry(f"sqlite:///{(data / 'registry.sqlite').resolve()}", (data / "artifacts").resolve())
-    yield {"tmp": tmp_path, "data": data, "url": url, "registry": reg}
-    reg.close()
+    with qdrant_migration_world(tmp_path, n=N) as w:
+        yield w
 
 
-def _migrate(world, checkpoint, *, stop: bool = False, **opts):
-    """``run_migration`` of ``src`` into ``dst`` through ``a2b``, 40 rows a batch; ``stop``: stopped after the first."""
-    return run_migration(store_url=world["url"], source="src", target="dst", map_ref="a2b", checkpoint=checkpoint,
-                         registry=world["registry"], batch_size=40, data_dir=world["data"],
-                         cancelled=(lambda: True) if stop else None, **opts)
-
-
-def _rewritten(ck, **changes) -> dict:
-    """Checkpoint file ``ck`` with ``changes`` to its state (a key given None is removed); the new state."""
-    state = json.loads(ck.read_text())
-    for key, value in changes.items():
-        if value is None:
-            state.pop(key, None)
-        else:
-            state[key] = value
-    ck.write_text(json.dumps(state))
-    return state
+_migrate = migrate_world
+_rewritten = rewrite_checkpoint
 
 
 def test_a_run_records_its_engine_and_the_status_and_listing_show_it(world):

@@ -15,10 +15,11 @@ import numpy as np
 import pytest
 from _api_support import W, settings_for
 from _jobs_support import wait_http_job
-from _servers import read_line, seed_registry
+from _servers import read_line
+from _vectordb_servers import migrate_world, qdrant_migration_world, rewrite_checkpoint
 
 from align.exceptions import InputError
-from service.ops.vectordb import checkpoint_status, default_checkpoint, run_migration
+from service.ops.vectordb import checkpoint_status, default_checkpoint
 from service.registry import open_registry
 from service.vectordb import CheckpointMismatchError, MigrationInterrupted, open_store
 
@@ -32,24 +33,11 @@ N = 120
 def world(tmp_path):
     """A registry (spaces a, b; map a2b) in ``data`` and a local Qdrant folder holding ``src`` (N rows, space a; their
     payloads have a ``body`` key beside ``text``: a text field a resume may name, that the source has)."""
-    data = tmp_path / "data"
-    X, _, _ = seed_registry(data)
-    url = f"qdrant://{tmp_path / 'qd'}"
-    with open_store(url) as s:
-        s.create("src", X.shape[1])
-        s.set_space("src", "a")
-        s.upsert("src", np.arange(N), X[:N], [f"t{i}" for i in range(N)], {"body": [f"b{i}" for i in range(N)]})
-    reg = open_registry(f"sqlite:///{(data / 'registry.sqlite').resolve()}", (data / "artifacts").resolve())
-    yield {"tmp": tmp_path, "data": data, "url": url, "registry": reg}
-    reg.close()
+    with qdrant_migration_world(tmp_path, {"body": [f"b{i}" for i in range(N)]}, n=N) as w:
+        yield w
 
 
-def _migrate(world, checkpoint, *, stop: bool = False, target: str = "dst", **opts):
-    """``run_migration`` of ``src`` into ``target`` through ``a2b``, 40 rows a batch; ``stop``: stopped after the
-    first."""
-    return run_migration(store_url=world["url"], source="src", target=target, map_ref="a2b", checkpoint=checkpoint,
-                         registry=world["registry"], batch_size=40, data_dir=world["data"],
-                         cancelled=(lambda: True) if stop else None, **opts)
+_migrate = migrate_world
 
 
 def test_a_resume_leaving_out_what_the_run_gave_as_the_default_goes_on_and_a_real_change_is_refused(world):
@@ -121,11 +109,8 @@ def test_a_resume_may_not_change_what_an_option_the_first_run_left_unset_means(w
 def _recorded_by_an_older_release(ck: Path, index: str = "hnsw") -> dict:
     """Checkpoint ``ck`` as a release that took ``--index`` on any store recorded it (the kind it was given, which
     it ignored on Milvus and Qdrant): its state, rewritten."""
-    state = json.loads(ck.read_text())
-    state["options"]["index"] = index
-    state.pop("engine")  # such a release recorded no engine: the store is known only where the caller says it
-    ck.write_text(json.dumps(state))
-    return state
+    return rewrite_checkpoint(ck, options={"index": index}, engine=None)  # such a release recorded no engine: the
+    # store is known only where the caller says it
 
 
 def test_a_refused_resume_over_http_is_a_409_naming_the_requests_fields(world):
