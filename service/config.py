@@ -442,7 +442,7 @@ def check_registry_url(url: str | None) -> str | None:
         raise ValueError(f"unsupported registry URL (scheme {scheme!r}; the rest is not shown): use "
                          "sqlite:///path or postgresql://user@host:port/db")
     if url is not None and url.startswith("postgres"):  # parsed now, as the registry will: a bad %-escape failed
-        from .registry.db import pg_conninfo  # the start-up later, a traceback (exit 3)
+        from .registry.postgres import pg_conninfo  # the start-up later, a traceback (exit 3)
 
         try:  # InvalidNameError (a ValueError) without the URL's text
             pg_conninfo(url.split("?schema=")[0].split("&schema=")[0])

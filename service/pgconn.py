@@ -40,14 +40,14 @@ def check_statement_timeout(seconds, name: str = "statement_timeout_s") -> float
 
 def pg_connect_options(url: str, *settings: str, drop: tuple[str, ...] = ()) -> dict:
     """Keyword arguments for ``psycopg.connect(url, ...)``: ``connect_timeout`` (the registry's
-    :data:`~service.registry.db.PG_CONNECT_TIMEOUT_S`) unless the URL, its service file entry or
+    :data:`~service.registry.postgres.PG_CONNECT_TIMEOUT_S`) unless the URL, its service file entry or
     ``PGCONNECT_TIMEOUT`` (an integer libpq takes: an empty or bad one failed its parse) gives one (a host that
     accepts nothing, a partition, was an error only after the OS's ~2 min TCP timeout); with ``settings``
     (``"-c search_path=vb"``, ...), ``options``: :func:`operator_options`, then ``settings`` (a later ``-c`` of the
     same name wins). The settings named in ``drop`` (``search_path``: a registry's schema comes from its URL) are
     left out of ``PGOPTIONS``' and a service file's options, never of the URL's own. ``{}`` when the URL cannot be
     parsed (connecting says why)."""
-    from .registry.db import PG_CONNECT_TIMEOUT_S
+    from .registry.postgres import PG_CONNECT_TIMEOUT_S
 
     try:
         from psycopg.conninfo import conninfo_to_dict

@@ -94,7 +94,7 @@ class Registry(SteerRegistryMixin, PathFindingMixin):
         immutable (keyed by sha256), so never stale.
     pool_size, statement_timeout_s : optional
         PostgreSQL: connections this process keeps at most, and the longest a statement may run or wait
-        for a lock (0: no limit); see :data:`~.db.PG_POOL_SIZE`, :data:`~.db.PG_STATEMENT_TIMEOUT_S`.
+        for a lock (0: no limit); see :data:`~.postgres.PG_POOL_SIZE`, :data:`~.postgres.PG_STATEMENT_TIMEOUT_S`.
     path_alias : str
         The alias that pins a map's (and a steer's) version for paths and bare names (default :attr:`PATH_ALIAS`,
         ``prod``; the ``path_alias`` setting): :meth:`resolve`, :meth:`find_path`, ``path_version`` all read it.

@@ -20,10 +20,7 @@ from ..copies import quick_check_findings
 from ..storage import OpenedFile, sqlite_connect, sqlite_damaged
 from .backend import BaseDB, Row, Tx
 from .errors import DamagedDatabaseError, IntegrityError, InvalidNameError, RegistryLockedError
-from .postgres import (  # re-exported: importers (and tests patching PG_CONNECT_TIMEOUT_S) read them here
-    PG_CONNECT_TIMEOUT_S,
-    PG_POOL_SIZE,
-    PG_STATEMENT_TIMEOUT_S,
+from .postgres import (  # re-exported; the PostgreSQL settings (PG_*_S, PG_POOL_SIZE) are read from postgres.py only
     PostgresDB,
     pg_conninfo,
     refused_for_good,
@@ -32,8 +29,7 @@ from .postgres import (  # re-exported: importers (and tests patching PG_CONNECT
 from .schema import BACKFILLS, PROBE_SQL, SCHEMA, UPGRADES, add_column
 
 __all__ = ["open_db", "pg_conninfo", "sqlite_path", "SQLiteDB", "PostgresDB", "SCHEMA", "UPGRADES", "Row", "Tx",
-           "BaseDB", "BACKFILLS", "PROBE_SQL", "refused_for_good", "statement_timeout_ms", "PG_CONNECT_TIMEOUT_S",
-           "PG_POOL_SIZE", "PG_STATEMENT_TIMEOUT_S"]
+           "BaseDB", "BACKFILLS", "PROBE_SQL", "refused_for_good", "statement_timeout_ms"]
 
 _HEADER_FDS: dict[tuple[str, int], tuple[int, int, int]] = {}  # (path, pid) -> (fd, st_dev, st_ino)
 _HEADER_LOCK = threading.Lock()
@@ -178,7 +174,7 @@ def sqlite_path(url: str) -> Path | None:
 def open_db(url: str, *, pool_size: int | None = None, statement_timeout_s: float | None = None):
     """``sqlite:///relative/path.sqlite``, ``sqlite:////abs/path.sqlite`` or ``postgresql://user@host:port/db``;
     InvalidNameError for any other URL, or one that names a folder. ``pool_size`` and ``statement_timeout_s``
-    apply to PostgreSQL (None: :data:`PG_POOL_SIZE`, :data:`PG_STATEMENT_TIMEOUT_S`)."""
+    apply to PostgreSQL (None: :data:`~.postgres.PG_POOL_SIZE`, :data:`~.postgres.PG_STATEMENT_TIMEOUT_S`)."""
     from ..config import check_registry_url
 
     try:  # the settings' own check: it names the scheme only, never the rest (it may hold a password)

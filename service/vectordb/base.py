@@ -72,7 +72,7 @@ def pg_connect(url: str, what: str, todo: str, *settings: str):
     psycopg's own OperationalError (exit 3)."""
     import psycopg
 
-    from ..registry.db import refused_for_good
+    from ..registry.postgres import refused_for_good
 
     try:
         return psycopg.connect(url, autocommit=True, **pg_connect_options(url, *settings))

@@ -275,7 +275,7 @@ class PgCheckpoint(Checkpoint):
 
     def __init__(self, url: str, key: str, *, table: str = "vecbridge_migrations",
                  statement_timeout_s: float | None = None):
-        from ..registry.db import PG_STATEMENT_TIMEOUT_S
+        from ..registry.postgres import PG_STATEMENT_TIMEOUT_S
 
         statement_timeout_s = check_statement_timeout(statement_timeout_s)  # "30", True: as every number is checked
         # a raw "@" in the user part made libpq read part of the password as the host, which the error then named
@@ -302,7 +302,7 @@ class PgCheckpoint(Checkpoint):
         behind another session's lock on the table waited as long as that lasted. Set by ``SET`` after connecting,
         so the options the connection was given (a ``search_path``) are left as they were. A database that cannot
         be reached is VectorDBUnavailableError naming the URL (it was psycopg's OperationalError: exit 3)."""
-        from ..registry.db import statement_timeout_ms
+        from ..registry.postgres import statement_timeout_ms
 
         conn = pg_connect(self.url, "migration checkpoint",
                           "start the checkpoint's database or fix the URL given to PgCheckpoint, then run the "

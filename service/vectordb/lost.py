@@ -43,7 +43,7 @@ def _pg_lost(exc: BaseException, conn=None) -> str | None:
     psycopg = sys.modules.get("psycopg")  # an error of psycopg's means it is imported
     if psycopg is None or not isinstance(exc, psycopg.OperationalError):
         return None
-    from ..registry.db import refused_for_good
+    from ..registry.postgres import refused_for_good
 
     state, why = getattr(exc, "sqlstate", None) or "", _first_line(exc)
     if refused_for_good(exc, why):  # a password, a role, a database that does not exist: a retry gets the same

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from service.pgconn import option_settings, pg_connect_options
-from service.registry import db
+from service.registry import postgres
 
 pytest.importorskip("psycopg")
 
@@ -38,15 +38,23 @@ def test_our_settings_follow_the_operators_options_wherever_libpq_would_have_rea
 
 
 def test_the_connect_timeout_is_left_to_whatever_gives_one(monkeypatch, tmp_path):
-    assert pg_connect_options(URL) == {"connect_timeout": db.PG_CONNECT_TIMEOUT_S}
+    assert pg_connect_options(URL) == {"connect_timeout": postgres.PG_CONNECT_TIMEOUT_S}
     assert pg_connect_options(URL + "?connect_timeout=4") == {}
     (tmp_path / "s.conf").write_text("[a]\nconnect_timeout=3\n[b]\nport=5433\n")
     monkeypatch.setenv("PGSERVICEFILE", str(tmp_path / "s.conf"))
     assert pg_connect_options(URL + "?service=a") == {}
-    assert pg_connect_options(URL + "?service=b") == {"connect_timeout": db.PG_CONNECT_TIMEOUT_S}
+    assert pg_connect_options(URL + "?service=b") == {"connect_timeout": postgres.PG_CONNECT_TIMEOUT_S}
     assert pg_connect_options(URL + "?service=unknown") == {}  # a file not read here may give one: libpq's to say
     monkeypatch.setenv("PGCONNECT_TIMEOUT", "7")
     assert pg_connect_options(URL) == {}
+
+
+def test_the_connect_timeout_is_the_registry_backends_one_setting(monkeypatch):
+    """After the registry's db split the setting lived in postgres.py and was read through db.py's re-export: a
+    change to postgres.PG_CONNECT_TIMEOUT_S (where the registry's other PostgreSQL settings are) never reached a
+    connection. postgres.py is its one source."""
+    monkeypatch.setattr(postgres, "PG_CONNECT_TIMEOUT_S", 3)
+    assert pg_connect_options(URL) == {"connect_timeout": 3}
 
 
 @pytest.mark.parametrize("value", ["", "10s", " "])
@@ -54,7 +62,7 @@ def test_a_connect_timeout_variable_libpq_cannot_read_is_not_taken_for_one(monke
     """``PGCONNECT_TIMEOUT=`` or ``10s`` counted as given: no keyword was passed, libpq's parse of the variable
     failed (ProgrammingError, exit 3) where the registry opened before. Ours is passed (a keyword wins over it)."""
     monkeypatch.setenv("PGCONNECT_TIMEOUT", value)
-    assert pg_connect_options(URL) == {"connect_timeout": db.PG_CONNECT_TIMEOUT_S}
+    assert pg_connect_options(URL) == {"connect_timeout": postgres.PG_CONNECT_TIMEOUT_S}
 
 
 def test_option_settings_reads_names_as_the_server_does():

@@ -190,9 +190,9 @@ def test_a_registry_host_that_does_not_answer_is_unavailable_after_the_connect_t
     # for the OS's TCP timeout (~2 min): start-up hung, SIGTERM could not stop it, each /readyz held a thread
     import socket
 
-    from service.registry import RegistryUnavailableError, db
+    from service.registry import RegistryUnavailableError, postgres
 
-    monkeypatch.setattr(db, "PG_CONNECT_TIMEOUT_S", 1, raising=False)
+    monkeypatch.setattr(postgres, "PG_CONNECT_TIMEOUT_S", 1)
     silent = socket.socket()
     silent.bind(("127.0.0.1", 0))
     silent.listen(16)  # accepted by the kernel, never answered
@@ -200,7 +200,7 @@ def test_a_registry_host_that_does_not_answer_is_unavailable_after_the_connect_t
 
     def connect():
         try:
-            db.PostgresDB(f"postgresql://vb@127.0.0.1:{silent.getsockname()[1]}/vb")
+            postgres.PostgresDB(f"postgresql://vb@127.0.0.1:{silent.getsockname()[1]}/vb")
         except Exception as exc:  # noqa: BLE001 - the outcome is checked below
             outcome.append(exc)
 

@@ -71,10 +71,10 @@ def test_a_checkpoint_connection_waits_for_a_lock_no_longer_than_the_registrys_s
 def test_a_database_host_that_never_answers_is_an_error_after_the_connect_timeout(monkeypatch):
     """A checkpoint, its lock probe (``migrate --status``) and a pgvector store on a host that accepts and never
     answers (a partition) waited for the OS's TCP timeout (~2 min), each; now the registry's connect timeout."""
-    from service.registry import db
+    from service.registry import postgres
     from service.vectordb import PgVectorStore
 
-    monkeypatch.setattr(db, "PG_CONNECT_TIMEOUT_S", 1)
+    monkeypatch.setattr(postgres, "PG_CONNECT_TIMEOUT_S", 1)
     silent = socket.socket()
     silent.bind(("127.0.0.1", 0))
     silent.listen(16)  # accepted by the kernel, never answered
