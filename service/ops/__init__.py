@@ -6,6 +6,7 @@ and render; operations call the stores (registry, indexes, jobs, encoders, vecto
 - :mod:`.embeddings`  texts into vectors: the sides of a fit, and embeddings translated through the maps
                     (the registry's path, or a pinned one)
 - :mod:`.steers`    fit and register a steer, apply, lens, alias, delete, transfer through a map
+- :mod:`.steer_apply`  eps checks and steered queries (searches, generation), re-exported by :mod:`.steers`
 - :mod:`.jobs`      submit a background job (idempotently), list, follow, cancel
 - :mod:`.plans`     plan a migration before the fit, fit a migration map, the retention gate
 - :mod:`.vectordb`  move a vector-database collection through a map; checkpoint status; verify

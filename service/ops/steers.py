@@ -1,4 +1,5 @@
-"""Steer use cases for every face: fit and register, apply, lens, alias, delete, transfer, steered queries.
+"""Steer use cases for every face: fit and register, apply, lens, alias, delete, transfer, steered queries (the
+eps checks and steered queries are :mod:`service.ops.steer_apply`'s, re-exported here).
 
 The numerics are :mod:`align.steer` (``W = P1 P2^T`` steers, mean-shift baselines, transfer
 through a map ``H^T W H``); the storage is :meth:`service.registry.Registry.register_steer`.
@@ -23,14 +24,12 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 
 from align.exceptions import DimensionMismatchError, InputError, PairCountError
-from align.options import check_number
-from align.steer import (MeanShift, Steer, apply_steers, check_steer_options, fit_mean_shift, fit_steer,
-                         transfer_steer)
+from align.steer import MeanShift, Steer, check_steer_options, fit_mean_shift, fit_steer, transfer_steer
 from align.validation import as_matrix
 
 from ..encoders import space_encoder
 from ..io import is_text_path
-from ..limits import MAX_SEED, MAX_STEER_EPS
+from ..limits import MAX_SEED
 from ..progress import Progress, silent
 from ..registry import ConflictError, InvalidNameError, NotFoundError
 from ..registry.models import dumps
@@ -38,6 +37,7 @@ from ..registry.names import MAX_NAME, check_alias, check_name
 from ..registry.quality import heldout_doubt, reliable
 from ..registry.retry import until_registered
 from ..spaces import MEAN_CHECK_MIN_ROWS, check_rows, space_references
+from .steer_apply import apply_steer_job, check_steer_eps, check_summed_eps, steer_queries  # re-exported
 from .transform import check_no_zero_rows, first_rows, rows_of_input, rows_through
 
 __all__ = ["STEER_PARAMS", "STEER_METHOD_NAMES", "check_steer_params", "check_steer_fit", "fit_steer_job",
@@ -367,45 +367,7 @@ def embed_and_register(registry, load_encoder: Callable, *, space: str, X: np.nd
                             encoder=encoder, **fit)
 
 
-# --- apply, lens ----------------------------------------------------------------------------------
-def check_steer_eps(eps, what: str = "eps") -> float:
-    """``eps`` as a float in [-:data:`~service.limits.MAX_STEER_EPS`, :data:`~service.limits.MAX_STEER_EPS`], else
-    InputError naming ``what``: 1e30 was applied, answering vectors of 1e29 (no longer the query, only the steer's
-    direction) whose squares overflow float32."""
-    return check_number(what, eps, -MAX_STEER_EPS, MAX_STEER_EPS)
-
-
-def check_summed_eps(named: Sequence[tuple[str, float, object]], bound: float = MAX_STEER_EPS) -> None:
-    """``named``: ``(ref, eps, SteerInfo)`` of each steer a request composes. Refs that resolve to one version
-    (``tone``, ``tone@prod``, ``tone:1``, ``tone:01``) compose as that steer at the sum of their eps (the steers add
-    up, ``sum_i eps_i W_i``): the sum is bounded by ``bound`` as one eps is, else InputError naming the refs. Each
-    eps alone was checked, so ``{"tone": 1000, "tone@prod": 1000}`` steered at 2000. Summed rather than refused:
-    a search's batches pin their refs to ``name:version`` and sum the eps of refs to one version, so a refusal
-    would turn away, in the first batch, what later batches send as one steer."""
-    by_version: dict[tuple[str, int], list[tuple[str, float]]] = {}
-    for ref, eps, info in named:
-        by_version.setdefault((info.name, info.version), []).append((ref, float(eps)))
-    for (name, version), refs in by_version.items():
-        total = sum(e for _, e in refs)
-        if len(refs) > 1 and not abs(total) <= bound:
-            raise InputError(f"steers {', '.join(repr(r) for r, _ in refs)} are all {name}:{version}, composed at "
-                             f"the sum of their eps ({total!r}): it must be in [-{bound:g}, {bound:g}], as one eps")
-
-
-def apply_steer_job(Q, steers: Sequence[tuple[Steer | MeanShift, float]]) -> np.ndarray:
-    """Steer queries ``Q`` (n, d) with several ``(steer, eps)`` pairs (linear steers composed exactly;
-    mean-shift baselines added afterwards); each eps within :func:`check_steer_eps`."""
-    steers = [(s, check_steer_eps(e)) for s, e in steers]
-    linear = [(s, e) for s, e in steers if isinstance(s, Steer)]
-    shifts = [(s, e) for s, e in steers if isinstance(s, MeanShift)]
-    if len(linear) + len(shifts) != len(steers):
-        raise InputError("steers must be (Steer or MeanShift, eps) pairs")
-    out = apply_steers(Q, linear) if linear else np.array(Q, dtype=np.float32)
-    for s, e in shifts:
-        out = s.apply(out, e)
-    return out
-
-
+# --- apply, lens (eps checks, composed steers and steered queries: .steer_apply) -------------------
 def steer_text_encoder(registry, space: str, encoder: str | None) -> str:
     """The encoder for texts steered in ``space``: the space's registered one, which ``encoder`` must name when given
     (texts embedded by another model of the same width were steered as the space's and exited 0), else
@@ -618,26 +580,3 @@ def _steer(registry, ref):
 def _map(registry, ref):
     v = registry.resolve(ref)
     return v, registry.load_map(v)
-
-
-def steer_queries(Q, steers: dict[str, float], space: str, *, load_steer) -> tuple:
-    """Queries ``Q`` (n, d) of ``space`` steered by ``{ref: eps}``: ``Q (I + sum_i eps_i W_i)`` (composed by summation).
-
-    ``load_steer(ref) -> (SteerInfo, Steer | MeanShift)`` (a face's cache). Returns the steered
-    queries and the versions used (``[{"name", "version", "eps"}]``); a steer of another space, or refs to one
-    version whose eps sum past the bound (:func:`check_summed_eps`), is an InputError. No steers: ``Q`` unchanged.
-    """
-    if not steers:
-        return Q, []
-    for ref, eps in steers.items():  # before any steer is loaded
-        check_steer_eps(eps, f"the eps of steer {ref!r}")
-    pairs, used, named = [], [], []
-    for ref, eps in steers.items():
-        info, steer = load_steer(ref)
-        if info.space != space:
-            raise InputError(f"steer {info.ref} lives in space {info.space!r}, but the index's space is {space!r}")
-        pairs.append((steer, float(eps)))
-        used.append({"name": info.name, "version": info.version, "eps": float(eps)})
-        named.append((ref, float(eps), info))
-    check_summed_eps(named)
-    return apply_steer_job(Q, pairs), used
