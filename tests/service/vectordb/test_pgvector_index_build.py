@@ -184,14 +184,9 @@ def test_the_index_build_is_a_stage_of_its_own_in_the_progress(pg):
     assert pg.vector_index("ib_dst") is not None
 
 
-@pytest.mark.parametrize("index_sql, target_metric", [
-    ("USING hnsw (embedding vector_cosine_ops)", "cosine"),
-    ("USING hnsw (embedding vector_ip_ops)", "ip"),
-])
-def test_a_migrated_target_is_searched_through_a_vector_index_of_its_metric(
-        pg, pg_url, tmp_path, index_sql, target_metric):  # noqa: F811
-    """A target that keeps its source's cosine / inner-product index is searched through it (``Index Scan``), scored
-    by its metric (cosines of a cosine target), best first."""
+def _migrated_from_a_user_table(pg, pg_url, tmp_path, index_sql: str):
+    """``ib_src`` made by hand (no vecbridge comment) holding :func:`small_migration`'s rows, indexed ``index_sql``,
+    migrated into ``ib_dst`` through its map; ``(X, m)``."""
     from _vectordb_servers import small_migration
 
     from service.ops.vectordb import run_migration
@@ -202,6 +197,18 @@ def test_a_migrated_target_is_searched_through_a_vector_index_of_its_metric(
     pg.conn.execute(f"CREATE INDEX ib_src_vec ON ib_src {index_sql}")
     run_migration(store_url=pg_url, source="ib_src", target="ib_dst", map_ref=m, checkpoint=tmp_path / "c.json",
                   batch_size=64)
+    return X, m
+
+
+@pytest.mark.parametrize("index_sql, target_metric", [
+    ("USING hnsw (embedding vector_cosine_ops)", "cosine"),
+    ("USING hnsw (embedding vector_ip_ops)", "ip"),
+])
+def test_a_migrated_target_is_searched_through_a_vector_index_of_its_metric(
+        pg, pg_url, tmp_path, index_sql, target_metric):  # noqa: F811
+    """A target that keeps its source's cosine / inner-product index is searched through it (``Index Scan``), scored
+    by its metric (cosines of a cosine target), best first."""
+    X, m = _migrated_from_a_user_table(pg, pg_url, tmp_path, index_sql)
     assert pg.metric("ib_dst") == target_metric
     Y = m.apply(X[:5], output="raw")
     pg.conn.execute("SET enable_seqscan = off")  # 200 rows: the planner would rather scan, where it can
@@ -231,16 +238,7 @@ def test_a_cosine_target_that_kept_an_l2_index_ranks_by_cosine_a_row_written_lat
     switch, ``3 * q`` (its model's raw output), is at L2 distance 2 from ``q``, as far as any row can be: a search
     for ``q`` missed it though its cosine is 1. The search orders by ``<=>`` (every row read: an L2 index cannot
     serve it) and its results are the exact cosine ranking."""
-    from _vectordb_servers import small_migration
-
-    from service.ops.vectordb import run_migration
-
-    X, m = small_migration()
-    pg.conn.execute(f"CREATE TABLE ib_src (id bigint PRIMARY KEY, embedding vector({X.shape[1]}), text text)")
-    pg.upsert("ib_src", np.arange(len(X)), X)
-    pg.conn.execute(f"CREATE INDEX ib_src_vec ON ib_src {index_sql}")
-    run_migration(store_url=pg_url, source="ib_src", target="ib_dst", map_ref=m, checkpoint=tmp_path / "c.json",
-                  batch_size=64)
+    X, m = _migrated_from_a_user_table(pg, pg_url, tmp_path, index_sql)
     assert pg.metric("ib_dst") == "cosine" and _opclasses(pg, "ib_dst") == ["vector_l2_ops"]
     Y = m.apply(X[:5], output="raw")
     q = Y[0] / np.linalg.norm(Y[0])
