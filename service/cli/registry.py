@@ -141,10 +141,14 @@ def registry_import(obj: Ctx, path, renumber, as_json):
     """Load a bundle written by `registry export`. A version deleted here stays deleted: one the bundle has live is
     listed as "present here deleted; not restored"."""
     counts = obj.registry.import_(path, on_conflict="renumber" if renumber else "error")
-    gone = counts.get("deleted_here", [])
-    emit(counts, as_json, " ".join(f"{k}={v}" for k, v in counts.items() if k != "deleted_here")
+    gone, kept = counts.get("deleted_here", []), counts.get("aliases_kept", [])
+    emit(counts, as_json, " ".join(f"{k}={v}" for k, v in counts.items() if k not in ("deleted_here", "aliases_kept"))
          + (f"\n{len(gone)} version(s) present here deleted; not restored: {', '.join(gone[:10])}"
             f"{' ...' if len(gone) > 10 else ''}" if gone else ""))
+    if kept and not as_json:  # an import never moves an alias: a replica synced this way kept serving its old version
+        warn(f"{len(kept)} alias(es) here point elsewhere than the bundle's, kept (an import never moves an alias): "
+             f"{'; '.join(kept[:10])}{' ...' if len(kept) > 10 else ''}; to follow the bundle, move them with "
+             "`vecbridge registry alias NAME ALIAS VERSION` (`vecbridge steer alias` for a steer)")
 
 
 @registry.command("verify")

@@ -7,9 +7,11 @@ ConflictError, or, with ``on_conflict="renumber"``, it is added as a new version
 with the same artifact and creation time is skipped, so a renumbering import repeated is a no-op too); a record
 that names a renumbered version (a transferred steer's ``params`` / ``inputs`` ``map`` and ``steer``) names its new
 number. A version deleted here stays deleted (listed as ``deleted_here``, not skipped, when the bundle has it live).
-Existing aliases are never moved, nor existing spaces changed (their encoder, prefixes and description: only
-a field the space here leaves empty is filled in). A NaN or infinite number in a record's JSON fields (a metric
-that came out undefined) is exported as ``null``, as the HTTP API shows it: a manifest holds JSON only.
+Existing aliases are never moved (one the bundle points elsewhere is listed as ``aliases_kept``: a replica synced
+by import kept serving its old version, said nowhere), nor existing spaces changed (their encoder, prefixes and
+description: only a field the space here leaves empty is filled in). A NaN or infinite number in a record's JSON
+fields (a metric that came out undefined) is exported as ``null``, as the HTTP API shows it: a manifest holds JSON
+only.
 
 A version whose files ``registry gc`` collected (``collected_at``: deleted, its artifact and report removed) travels
 as its record alone, without ``bundle_artifact`` or ``bundle_report``: the import inserts it deleted and collected,
@@ -484,8 +486,10 @@ def import_bundle(reg, path: Path, *, on_conflict: str = "error") -> dict:
     Returns counts ``{"imported", "skipped", "renumbered", "aliases"}`` over map versions, plus
     ``"steers"`` (steer versions imported or renumbered) and ``"steer_aliases"`` when the bundle holds steers, and
     ``"deleted_here"`` (``["map NAME:N", "steer NAME:N"]``) when versions live in the bundle are present here deleted
-    (not restored: an import never undeletes; nor counted as skipped). The artifacts it stored that no row names then
-    (such versions' files, when ``registry gc`` had collected them here) are removed again, as after a failure.
+    (not restored: an import never undeletes; nor counted as skipped), and ``"aliases_kept"`` (``["map NAME@ALIAS ->
+    N here, M in the bundle"]``, M numbered here) when an alias here, never moved, points elsewhere than the bundle's.
+    The artifacts it stored that no row names then (such versions' files, when ``registry gc`` had collected them
+    here) are removed again, as after a failure.
     """
     if on_conflict not in ("error", "renumber"):
         raise InvalidNameError("on_conflict must be 'error' or 'renumber'")
@@ -543,7 +547,7 @@ def _apply_plan(reg, t, plan: dict, on_conflict: str, reports: dict) -> dict:
     counts = {"imported": 0, "skipped": 0, "renumbered": 0, "aliases": 0}
     n_steers = n_steer_aliases = 0
     numbers: dict[tuple[str, str], dict[int, int]] = {}  # (kind, name) -> {bundle version: its number here}
-    inserted, gone = [], []  # gone: live in the bundle, deleted here (an import never undeletes)
+    inserted, gone, kept = [], [], []  # gone: live in the bundle, deleted here (an import never undeletes)
     for s in plan["spaces"].values():
         reg._put_space(t, s, keep=True)  # a space here keeps its encoder, prefixes, description
     for e in plan["entries"]:
@@ -598,11 +602,17 @@ def _apply_plan(reg, t, plan: dict, on_conflict: str, reports: dict) -> dict:
                     counts["aliases"] += 1
                 else:
                     n_steer_aliases += 1
+            elif (here := t.one(f"SELECT version FROM {store.kind.aliases} WHERE name = ? AND alias = ?",
+                                (name, alias))) and here["version"] != local[version]:  # kept, unlike the bundle's
+                kept.append(f"{store.kind.noun} {name}@{alias} -> {here['version']} here, "
+                            f"{local[version]} in the bundle")
     if n_steers or any(e["kind"] == "steers" for e in plan["entries"]):
         counts["steers"], counts["steer_aliases"] = n_steers, n_steer_aliases
     _relink(t, inserted, numbers)
     if gone:
         counts["deleted_here"] = gone
+    if kept:
+        counts["aliases_kept"] = kept
     return counts
 
 

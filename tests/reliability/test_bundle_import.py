@@ -483,3 +483,30 @@ def test_only_a_record_nested_that_deep_is_walked_not_one_with_many_brackets(tmp
     shown = reg.get_version("m", 1).metrics
     assert shown == real(deep) != deep and json.dumps(shown).count('"[]"') == 1
     reg.close()
+
+
+def test_an_alias_kept_here_unlike_the_bundles_is_listed_not_silent(source, tmp_path, capsys):
+    """A replica synced by re-importing its primary's bundle kept its own ``prod`` (an import never moves an alias),
+    and said ``aliases=0`` and nothing else: searches there went on using the old version while the primary's had
+    moved. Every alias kept elsewhere than the bundle's is listed (``aliases_kept``; the CLI warns, naming the
+    command that moves it); one that agrees with the bundle is not."""
+    var = tmp_path / "var"
+    reg = open_registry(f"sqlite:///{var / 'registry.sqlite'}", var / "artifacts")
+    reg.import_(source[1])
+    X = np.random.default_rng(5).standard_normal((40, 8)).astype(np.float32)
+    reg.register_version("a->b", align.fit_procrustes(X, X[:, ::-1]), source_space="a", target_space="b",
+                         method="procrustes", params={})
+    reg.set_alias("a->b", "prod", 2)
+    reg.set_steer_alias("pos", "prod", 2)
+    counts = reg.import_(source[1])
+    assert counts["aliases_kept"] == ["map a->b@prod -> 2 here, 1 in the bundle",
+                                      "steer pos@prod -> 2 here, 1 in the bundle"], counts
+    assert reg.resolve("a->b@prod").version == 2 and reg.resolve_steer("pos@prod").version == 2  # still never moved
+    reg.set_alias("a->b", "prod", 1)
+    reg.set_steer_alias("pos", "prod", 1)
+    assert "aliases_kept" not in reg.import_(source[1])
+    reg.set_alias("a->b", "prod", 2)
+    reg.close()
+    assert main(["--data-dir", str(var), "registry", "import", str(source[1])]) == 0
+    err = capsys.readouterr().err
+    assert "a->b@prod -> 2 here, 1 in the bundle" in err and "vecbridge registry alias NAME ALIAS VERSION" in err, err
