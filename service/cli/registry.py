@@ -132,6 +132,9 @@ def registry_export(obj: Ctx, path, names):
     click.echo(f"exported to {path}")
 
 
+LISTS = ("deleted_here", "aliases_kept", "lineage_elsewhere")  # an import's lists, said apart from its counts
+
+
 @registry.command("import")
 @click.argument("path", type=click.Path(path_type=Path))
 @click.option("--renumber", is_flag=True, help="Add colliding versions as new versions instead of failing.")
@@ -142,13 +145,16 @@ def registry_import(obj: Ctx, path, renumber, as_json):
     listed as "present here deleted; not restored"."""
     counts = obj.registry.import_(path, on_conflict="renumber" if renumber else "error")
     gone, kept = counts.get("deleted_here", []), counts.get("aliases_kept", [])
-    emit(counts, as_json, " ".join(f"{k}={v}" for k, v in counts.items() if k not in ("deleted_here", "aliases_kept"))
+    emit(counts, as_json, " ".join(f"{k}={v}" for k, v in counts.items() if k not in LISTS)
          + (f"\n{len(gone)} version(s) present here deleted; not restored: {', '.join(gone[:10])}"
             f"{' ...' if len(gone) > 10 else ''}" if gone else ""))
     if kept and not as_json:  # an import never moves an alias: a replica synced this way kept serving its old version
         warn(f"{len(kept)} alias(es) here point elsewhere than the bundle's, kept (an import never moves an alias): "
              f"{'; '.join(kept[:10])}{' ...' if len(kept) > 10 else ''}; to follow the bundle, move them with "
              "`vecbridge registry alias NAME ALIAS VERSION` (`vecbridge steer alias` for a steer)")
+    if (far := counts.get("lineage_elsewhere", [])) and not as_json:
+        warn(f"{len(far)} lineage reference(s) name a version the bundle lacks and no version here matches (kept with "
+             f"its artifact's sha256 in inputs): {'; '.join(far[:10])}{' ...' if len(far) > 10 else ''}")
 
 
 @registry.command("verify")

@@ -6,7 +6,9 @@ same artifact sha256 is skipped (importing twice is a no-op); with a different a
 ConflictError, or, with ``on_conflict="renumber"``, it is added as a new version (once: a version
 with the same artifact and creation time is skipped, so a renumbering import repeated is a no-op too); a record
 that names a renumbered version (a transferred steer's ``params`` / ``inputs`` ``map`` and ``steer``) names its new
-number. A version deleted here stays deleted (listed as ``deleted_here``, not skipped, when the bundle has it live).
+number; one naming a version outside the bundle names the version here with the artifact it named
+(:mod:`.bundle_refs`). A version deleted here stays deleted (listed as ``deleted_here``, not skipped, when the bundle
+has it live).
 Existing aliases are never moved (one the bundle points elsewhere is listed as ``aliases_kept``: a replica synced
 by import kept serving its old version, said nowhere), nor existing spaces changed (their encoder, prefixes and
 description: only a field the space here leaves empty is filled in). A NaN or infinite number in a record's JSON
@@ -53,7 +55,7 @@ from ..storage import atomic_write, folder_aside
 from .elsewhere import refuse_elsewhere
 from .entity import KINDS, VERSION_TABLES, artifacts_in_use, now, package_version
 from .errors import ConflictError, IntegrityError, InvalidNameError, NotFoundError
-from .models import to_columns
+from .bundle_refs import ref_sha256, relink
 from .names import MAX_TAGS, check_alias, check_name, check_tags, fs_safe
 from .store import sha256_bytes
 
@@ -189,6 +191,8 @@ def _export(reg, w: _Writer, chosen: dict, names: list[str] | None) -> None:
                 versions = []
                 for v in reg.entities[key].list(summary["name"]):
                     d = v.to_dict()
+                    if refs := ref_sha256(reg.entities, d):  # the artifacts its lineage names (bundle_refs)
+                        d["ref_sha256"] = refs
                     if v.collected_at:  # `registry gc` removed its files: the record travels alone, for lineage
                         versions.append(d)
                         continue
@@ -300,6 +304,8 @@ def _common(d: dict, what: str) -> dict:
         bundle_artifact=_text(d.get("bundle_artifact"), f"{what} bundle_artifact", optional=True, limit=1024),
         ext=_ext(d.get("artifact_path", ""), what),
         collected_at=_collected(d, what),
+        ref_sha256={k: _sha(s, f"{what} ref_sha256") for k, s in _jsonish(d.get("ref_sha256", {}) or {},
+                                                                         f"{what} ref_sha256").items()},
     )
 
 
@@ -488,8 +494,9 @@ def import_bundle(reg, path: Path, *, on_conflict: str = "error") -> dict:
     ``"deleted_here"`` (``["map NAME:N", "steer NAME:N"]``) when versions live in the bundle are present here deleted
     (not restored: an import never undeletes; nor counted as skipped), and ``"aliases_kept"`` (``["map NAME@ALIAS ->
     N here, M in the bundle"]``, M numbered here) when an alias here, never moved, points elsewhere than the bundle's.
-    The artifacts it stored that no row names then (such versions' files, when ``registry gc`` had collected them
-    here) are removed again, as after a failure.
+    ``"lineage_elsewhere"`` lists the references to versions outside the bundle that no version here matches
+    (:mod:`.bundle_refs`). The artifacts it stored that no row names then (such versions' files, when ``registry gc``
+    had collected them here) are removed again, as after a failure.
     """
     if on_conflict not in ("error", "renumber"):
         raise InvalidNameError("on_conflict must be 'error' or 'renumber'")
@@ -608,7 +615,8 @@ def _apply_plan(reg, t, plan: dict, on_conflict: str, reports: dict) -> dict:
                             f"{local[version]} in the bundle")
     if n_steers or any(e["kind"] == "steers" for e in plan["entries"]):
         counts["steers"], counts["steer_aliases"] = n_steers, n_steer_aliases
-    _relink(t, inserted, numbers)
+    if elsewhere := relink(t, reg.entities, inserted, numbers):  # lineage naming versions this registry lacks
+        counts["lineage_elsewhere"] = elsewhere
     if gone:
         counts["deleted_here"] = gone
     if kept:
@@ -625,26 +633,3 @@ def _skip(t, store, name: str, here: int, v: dict, counts: dict, gone: list) -> 
         gone.append(f"{store.kind.noun} {name}:{here}")
     elif store.kind.noun == "map":
         counts["skipped"] += 1
-
-
-#: keys of a record's ``params`` / ``inputs`` that name another version, ``NAME:N`` (a transferred steer: its map and
-#: its source steer), and the kind of entity they name
-REF_KEYS = {"map": "maps", "steer": "steers"}
-
-
-def _relink(t, inserted: list, numbers: dict) -> None:
-    """Point the references (:data:`REF_KEYS`) of the versions an import inserted at the numbers the versions they name
-    have here: a renumbered version of the bundle (its ``a-b:2`` became ``a-b:3``, ``a-b:2`` here being another map)
-    was still named by its old number, so a transferred steer's lineage named a map it never came through. After every
-    insert: a reference may name a version of an entry imported later (a steer transferred from another steer)."""
-    for store, name, number, v in inserted:
-        new = {f: dict(v[f]) for f in ("params", "inputs")}
-        for field, key in ((f, k) for f in new for k in REF_KEYS):
-            ref_name, _, ref_version = str(new[field].get(key, "")).rpartition(":")
-            here = numbers.get((REF_KEYS[key], ref_name), {}).get(int(ref_version) if ref_version.isdigit() else -1)
-            if here is not None:
-                new[field][key] = f"{ref_name}:{here}"
-        if new != {f: v[f] for f in new}:
-            cols = to_columns(store.kind.record, new)
-            t.q(f"UPDATE {store.kind.table} SET {', '.join(f'{c} = ?' for c in cols)} WHERE name = ? AND version = ?",
-                (*cols.values(), name, number))

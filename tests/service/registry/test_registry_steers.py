@@ -251,3 +251,42 @@ def test_a_renumbering_import_keeps_a_transferred_steers_lineage(reg, tmp_path):
     plain = open_registry(f"sqlite:///{tmp_path}/plain.sqlite", tmp_path / "plain-artifacts")  # nothing renumbered
     plain.import_(bundle)
     assert plain.resolve_steer("e5").params == moved.params and plain.resolve_steer("e5").inputs == moved.inputs
+
+
+def test_a_transferred_steer_exported_alone_names_the_map_it_came_through_here(reg, tmp_path):
+    """`registry export --name e5` (the transferred steer without its map and source steer) imported where a-b:2 is
+    another map kept "a-b:2" in its lineage: a map it never came through (the one it did is a-b:3 here). The export
+    records the artifact each reference named: the import names the version here with it, and where no version has
+    it, keeps the reference with that artifact's sha256 beside it (``lineage_elsewhere``), never another map's."""
+    import align
+    from service.ops.steers import transfer_and_register
+
+    def linear(seed):
+        rng = np.random.default_rng(seed)
+        X = rng.normal(size=(64, 8))
+        return align.fit_procrustes(X, X @ rng.normal(size=(8, 8)))
+
+    src = open_registry(f"sqlite:///{tmp_path}/src.sqlite", tmp_path / "src-artifacts")
+    for seed in (0, 1):
+        src.register_version("a-b", linear(seed), source_space="a", target_space="b", method="procrustes", params={})
+    src.register_steer("zzz", _steer(0, d=8, r=2), space="a")
+    transfer_and_register(src, "zzz", "a-b:2", name="e5")
+    reg.register_version("a-b", linear(10), source_space="a", target_space="b", method="procrustes", params={})
+    reg.register_version("a-b", linear(11), source_space="a", target_space="b", method="procrustes", params={})
+    reg.import_(src.export(tmp_path / "maps.zip", ["a-b"]), on_conflict="renumber")  # src's a-b:2 is a-b:4 here
+    reg.register_steer("zzz", _steer(0, d=8, r=2), space="a")  # zzz:1 here: the same artifact as src's zzz:1
+    counts = reg.import_(src.export(tmp_path / "alone.zip", ["e5"]))
+    got = reg.resolve_steer("e5")
+    assert reg.get_version("a-b", 4).artifact_sha256 == src.get_version("a-b", 2).artifact_sha256
+    assert got.params["map"] == got.inputs["map"] == "a-b:4" and got.params["steer"] == got.inputs["steer"] == "zzz:1"
+    assert "lineage_elsewhere" not in counts and "map_sha256" not in got.inputs
+    bare = open_registry(f"sqlite:///{tmp_path}/bare.sqlite", tmp_path / "bare-artifacts")  # neither is here
+    bare.register_version("a-b", linear(12), source_space="a", target_space="b", method="procrustes", params={})
+    bare.register_version("a-b", linear(13), source_space="a", target_space="b", method="procrustes", params={})
+    counts = bare.import_(tmp_path / "alone.zip")
+    got = bare.resolve_steer("e5")
+    assert counts["lineage_elsewhere"] == ["steer e5:1: map a-b:2", "steer e5:1: steer zzz:1"], counts
+    sha = src.get_version("a-b", 2).artifact_sha256
+    assert got.params["map"] == "a-b:2" and got.inputs["map_sha256"] == sha
+    assert sha != bare.get_version("a-b", 2).artifact_sha256  # a-b:2 here is another map
+    assert got.inputs["steer_sha256"] == src.get_steer("zzz", 1).artifact_sha256
