@@ -92,6 +92,12 @@ class _Writer:
             self.zip.close()
 
 
+def _zip_start(path: Path) -> bool:  # begins as a zip does (a local file header): a truncated copy of one still does
+    with suppress(OSError), open(path, "rb") as fh:
+        return fh.read(4) == b"PK\x03\x04"
+    return False
+
+
 class _Reader:
     """Bounded reads of bundle entries from a zip or a folder (no links, nothing outside the bundle)."""
 
@@ -103,7 +109,9 @@ class _Reader:
         try:
             self.zip = zipfile.ZipFile(path) if path.is_file() else None
         except (zipfile.BadZipFile, OSError):
-            raise IntegrityError(f"{path.name} is neither a zip bundle nor a bundle folder") from None
+            raise IntegrityError(f"{path.name} is a damaged or truncated zip (its directory, at the end, is unreadable"
+                                 f"): an incomplete copy? copy the bundle again" if _zip_start(path)
+                                 else f"{path.name} is neither a zip bundle nor a bundle folder") from None
         if self.zip is not None:  # two entries of one name: which one is read is the zip library's choice
             names = Counter(self.zip.namelist())
             twice = sorted(n for n, c in names.items() if c > 1)
@@ -360,8 +368,13 @@ def _check_manifest(manifest) -> dict:
     """Validated, normalised plan: ``{"spaces": {...}, "maps": [...], "steers": [...]}`` (no I/O)."""
     if not isinstance(manifest, dict) or manifest.get("format") != BUNDLE_FORMAT:
         raise IntegrityError("not a vecbridge registry bundle")
-    if manifest.get("format_version", 1) != 1:
-        raise IntegrityError(f"bundle format_version {str(manifest.get('format_version'))[:20]!r} is not supported")
+    fv = manifest.get("format_version", 1)
+    if fv != 1:  # a newer release's bundle said only "not supported": not which release wrote it, nor what to do
+        by = str(manifest.get("package_version", "?"))[:40]
+        newer = isinstance(fv, int) and not isinstance(fv, bool) and fv > 1
+        raise IntegrityError(f"bundle format_version {str(fv)[:20]} is newer than vecbridge {package_version()} reads "
+                             f"(1): it was written by vecbridge {by}; import it with that release or a later one"
+                             if newer else f"bundle format_version {str(fv)[:20]!r} is not one vecbridge writes (1)")
     spaces: dict[str, dict] = {}
     raw_spaces = manifest.get("spaces", [])
     if not isinstance(raw_spaces, list) or len(raw_spaces) > MAX_ENTRIES:

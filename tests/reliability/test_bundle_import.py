@@ -510,3 +510,21 @@ def test_an_alias_kept_here_unlike_the_bundles_is_listed_not_silent(source, tmp_
     assert main(["--data-dir", str(var), "registry", "import", str(source[1])]) == 0
     err = capsys.readouterr().err
     assert "a->b@prod -> 2 here, 1 in the bundle" in err and "vecbridge registry alias NAME ALIAS VERSION" in err, err
+
+
+def test_a_newer_or_truncated_bundle_says_what_it_is_and_what_to_do(source, target, tmp_path, capsys):
+    """A bundle of a newer format said only "format_version 2 is not supported" (not that it is newer, nor which
+    release wrote it), and a zip bundle cut short in its copy said "neither a zip bundle nor a bundle folder", as for
+    any other file: each now says what it is and what to do, still refused with nothing changed."""
+    newer = _edit(_copy(source, tmp_path), lambda m: m.update(format_version=2, package_version="9.9.0"))
+    _refused(target, newer, IntegrityError, match=r"format_version 2 is newer .* written by vecbridge 9\.9\.0")
+    _refused(target, _edit(_copy(source, tmp_path, "odd"), lambda m: m.update(format_version="x")), IntegrityError,
+             match="'x' is not one vecbridge writes")
+    whole = shutil.make_archive(str(tmp_path / "z"), "zip", source[1])  # the folder bundle as a zip
+    cut = tmp_path / "cut.zip"
+    cut.write_bytes(open(whole, "rb").read()[:-200])
+    _refused(target, cut, IntegrityError, match="cut.zip is a damaged or truncated zip")
+    (tmp_path / "text.zip").write_text("not a zip")
+    _refused(target, tmp_path / "text.zip", IntegrityError, match="neither a zip bundle nor a bundle folder")
+    assert main(["--data-dir", str(tmp_path / "var"), "registry", "import", str(cut)]) == 2
+    assert "truncated" in capsys.readouterr().err
