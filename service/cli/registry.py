@@ -149,7 +149,8 @@ def registry_import(obj: Ctx, path, renumber, as_json):
          + (f"\n{len(gone)} version(s) present here deleted; not restored: {', '.join(gone[:10])}"
             f"{' ...' if len(gone) > 10 else ''}" if gone else ""))
     if kept and not as_json:  # an import never moves an alias: a replica synced this way kept serving its old version
-        warn(f"{len(kept)} alias(es) here point elsewhere than the bundle's, kept (an import never moves an alias): "
+        warn(f"{len(kept)} alias(es) here differ from the bundle's (an import never moves an alias, nor sets one on a "
+             "version deleted here): "
              f"{'; '.join(kept[:10])}{' ...' if len(kept) > 10 else ''}; to follow the bundle, move them with "
              "`vecbridge registry alias NAME ALIAS VERSION` (`vecbridge steer alias` for a steer)")
     if (far := counts.get("lineage_elsewhere", [])) and not as_json:

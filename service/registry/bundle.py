@@ -505,11 +505,10 @@ def import_bundle(reg, path: Path, *, on_conflict: str = "error") -> dict:
     Returns counts ``{"imported", "skipped", "renumbered", "aliases"}`` over map versions, plus
     ``"steers"`` (steer versions imported or renumbered) and ``"steer_aliases"`` when the bundle holds steers, and
     ``"deleted_here"`` (``["map NAME:N", "steer NAME:N"]``) when versions live in the bundle are present here deleted
-    (not restored: an import never undeletes; nor counted as skipped), and ``"aliases_kept"`` (``["map NAME@ALIAS ->
-    N here, M in the bundle"]``, M numbered here) when an alias here, never moved, points elsewhere than the bundle's.
-    ``"lineage_elsewhere"`` lists the references to versions outside the bundle that no version here matches
-    (:mod:`.bundle_refs`). The artifacts it stored that no row names then (such versions' files, when ``registry gc``
-    had collected them here) are removed again, as after a failure.
+    (not restored: an import never undeletes; nor counted as skipped), ``"aliases_kept"`` (``["map NAME@ALIAS -> N
+    here, M in the bundle"]``, M numbered here): aliases here, never moved, unlike the bundle's, or not set, on a
+    version ``deleted_here``, as ``set_alias`` refuses, and ``"lineage_elsewhere"`` (:mod:`.bundle_refs`). The
+    artifacts it stored that no row names then (such versions' files, when gc had collected them) are removed again.
     """
     if on_conflict not in ("error", "renumber"):
         raise InvalidNameError("on_conflict must be 'error' or 'renumber'")
@@ -617,7 +616,10 @@ def _apply_plan(reg, t, plan: dict, on_conflict: str, reports: dict) -> dict:
             else:
                 n_steers += 1
         for alias, version in e["aliases"].items():
-            if store.put_alias(t, name, alias, local[version], move=False):
+            if f"{store.kind.noun} {name}:{local[version]}" in gone and not t.one(  # as `registry alias` refuses
+                    f"SELECT 1 FROM {store.kind.aliases} WHERE name = ? AND alias = ?", (name, alias)):
+                kept.append(f"{store.kind.noun} {name}@{alias} not set: {local[version]} in the bundle, deleted here")
+            elif store.put_alias(t, name, alias, local[version], move=False):
                 if is_map:
                     counts["aliases"] += 1
                 else:

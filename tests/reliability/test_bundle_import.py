@@ -528,3 +528,27 @@ def test_a_newer_or_truncated_bundle_says_what_it_is_and_what_to_do(source, targ
     _refused(target, tmp_path / "text.zip", IntegrityError, match="neither a zip bundle nor a bundle folder")
     assert main(["--data-dir", str(tmp_path / "var"), "registry", "import", str(cut)]) == 2
     assert "truncated" in capsys.readouterr().err
+
+
+def test_an_import_sets_no_alias_on_a_version_deleted_here(source, tmp_path):
+    """Where a->b:1 was deleted here and its prod alias removed, importing a bundle that has prod on its (live) a->b:1
+    set prod on the deleted version: an alias `registry alias` refuses to write, so a->b@prod failed (deleted) and
+    `registry list` showed prod->1(deleted), with "aliases=1". It is not set, and said so; an alias here on it stays."""
+    var = tmp_path / "var"
+    reg = open_registry(f"sqlite:///{var / 'registry.sqlite'}", var / "artifacts")
+    reg.import_(source[1])
+    reg.delete_version("a->b", 1)
+    reg.delete_alias("a->b", "prod")
+    counts = reg.import_(source[1])
+    assert counts["deleted_here"] == ["map a->b:1"] and counts["aliases"] == 0, counts
+    assert counts["aliases_kept"] == ["map a->b@prod not set: 1 in the bundle, deleted here"], counts
+    assert "prod" not in {a for v in reg.list_versions("a->b") for a in v.aliases}
+    with pytest.raises(RegistryError):
+        reg.set_alias("a->b", "prod", 1)  # what the import now agrees with
+    other = open_registry(f"sqlite:///{tmp_path / 'o.sqlite'}", tmp_path / "o-art")
+    other.import_(source[1])
+    other.delete_version("a->b", 1)  # its prod stays on it (lineage): kept, not listed
+    counts = other.import_(source[1])
+    assert "aliases_kept" not in counts and other.get_version("a->b", 1).aliases == ["prod"], counts
+    reg.close()
+    other.close()
