@@ -12,9 +12,12 @@ from pathlib import Path
 
 from ..errors import NotConfiguredError
 
-__all__ = ["smollm2_gguf_path", "load_lm", "LMUnavailableError", "SMOLLM2_NAME"]
+__all__ = ["smollm2_gguf_path", "load_lm", "LMUnavailableError", "SMOLLM2_NAME", "MIN_TEMPERATURE"]
 
 SMOLLM2_NAME = "SmolLM2-135M-Instruct"
+#: the least sampling temperature (:func:`service.lm.steering.generate`): below it the logits divided by it
+#: overflow. Here, not beside the sampler, so a request is checked before torch is imported or the model loads.
+MIN_TEMPERATURE = 1e-2
 
 
 class LMUnavailableError(NotConfiguredError):

@@ -35,6 +35,8 @@ from align.exceptions import DimensionMismatchError, InputError, NonFiniteError
 from align.steer import Steer, compose_steers
 from align.validation import check_eps, check_labels
 
+from .model import MIN_TEMPERATURE
+
 __all__ = [
     "output_embeddings", "steered", "steered_logits", "fit_lm_steer", "fit_lm_steer_ids", "final_hidden_states",
     "generate", "generate_batch",
@@ -398,7 +400,6 @@ def fit_lm_steer_ids(model, ids_list: Sequence[Sequence[int]], labels, *, rank: 
 # --------------------------------------------------------------------------------------------
 # using a steer
 # --------------------------------------------------------------------------------------------
-MIN_TEMPERATURE = 1e-2
 
 
 @torch.no_grad()

@@ -41,14 +41,14 @@ from align.steer import Steer
 from align.validation import MAX_EPS
 
 from ..errors import ConflictError, NotFoundError
-from ..lm.model import LMUnavailableError
+from ..lm.model import MIN_TEMPERATURE, LMUnavailableError
 from ..lm.model import load_lm as load_smollm2
 from ..lm.model import smollm2_gguf_path
 from ..registry.names import check_alias, check_name
 from .steers import check_steer_space, check_summed_eps
 
 __all__ = ["LM", "LMFit", "lm_space", "open_lm", "get_lm", "check_lm_available", "check_fit", "prepare_fit",
-           "run_fit", "fit_steer", "check_length", "generate", "analyze", "FIT_METRICS", "MAX_FIT_RANK",
+           "run_fit", "fit_steer", "check_steers", "check_sampling", "check_length", "generate", "analyze", "FIT_METRICS", "MAX_FIT_RANK",
            "MAX_FIT_STEPS", "MAX_LM_EPS"]
 
 #: metadata of a fitted LM steer kept as the version's metrics
@@ -246,20 +246,39 @@ def _registry_steer(registry):
     return load
 
 
-def _lm_steers(registry, lm, refs, load_steer, eps=None):
-    """``(LM, [(SteerInfo, Steer)])``: every ref resolved first, an embedding space's steer refused (whatever the
-    eps: that is the decisive fault), then (with ``eps``, one per ref) the eps of refs to one version summed and
-    checked (:func:`~.steers.check_summed_eps`), then the LM loaded, then spaces checked."""
+def check_steers(registry, refs: Sequence[str], load_steer=None, eps: Sequence[float] | None = None,
+                 lm: LM | None = None) -> list:
+    """``[(SteerInfo, Steer)]``: the checks of steer refs that need no model (a request makes them before the
+    model loads, 47 s on a cold server, or waits its turn): every ref resolved (NotFoundError), an embedding space's
+    steer refused (whatever the eps: that is the decisive fault), then (with ``eps``, one per ref) each eps bounded
+    and the eps of refs to one version summed and checked (:func:`~.steers.check_summed_eps`). ``lm``: the model,
+    when loaded, named in the messages."""
+    for ref, e in zip(refs, eps or ()):
+        check_number(f"the eps of steer {ref!r}", e, -MAX_LM_EPS, MAX_LM_EPS)
     load = load_steer or _registry_steer(registry)
     found = [load(ref) for ref in refs]
     own = repr(lm.space) if isinstance(lm, LM) else "lm.<model>"  # named once it is loaded
-    for info, _ in found:  # an embedding steer: refused before the LM loads (47 s on a cold server), not after
+    for info, _ in found:
         if not info.space.startswith(lm_space("")):
             raise InputError(f"steer {info.ref} lives in space {info.space!r}, an embedding space: the language "
                              f"model takes steers of its own space ({own}: `vecbridge lm steer-fit` / "
                              f"POST /v1/lm/steers)")
-    if eps is not None:  # before the LM loads (47 s on a cold server)
+    if eps is not None:
         check_summed_eps([(ref, e, info) for ref, e, (info, _) in zip(refs, eps, found)], MAX_LM_EPS)
+    return found
+
+
+def check_sampling(temperature: float) -> None:
+    """InputError for a sampling temperature (above 0: 0 is greedy) below :data:`MIN_TEMPERATURE`, before the model
+    loads: the logits divided by it overflow to inf and the sampler fails."""
+    if 0 < temperature < MIN_TEMPERATURE:
+        raise InputError(f"temperature {temperature:g} is too small to sample with (logits overflow); use "
+                         f"0 for greedy decoding or at least {MIN_TEMPERATURE:g}")
+
+
+def _lm_steers(registry, lm, refs, load_steer, eps=None):
+    """``(LM, [(SteerInfo, Steer)])``: :func:`check_steers`, then the LM loaded, then spaces checked."""
+    found = check_steers(registry, refs, load_steer, eps, lm if isinstance(lm, LM) else None)
     lm = lm if isinstance(lm, LM) else lm()
     from ..lm.steering import output_embeddings
 
@@ -302,8 +321,7 @@ def generate(registry, lm: LM | Callable[[], LM], prompt: str, steers: Mapping[s
     alone was: two refs steered at twice the bound); summed rather than refused, as a search's steers are.
 
     The prompt must fit :func:`check_length` (``max_tokens``, and the model's context with the new tokens)."""
-    for ref, eps in steers.items():
-        check_number(f"the eps of steer {ref!r}", eps, -MAX_LM_EPS, MAX_LM_EPS)
+    check_sampling(temperature)
     lm, found = _lm_steers(registry, lm, list(steers), load_steer, [steers[ref] for ref in steers])
     pairs = [(steer, float(steers[ref])) for ref, (_, steer) in zip(steers, found)]
     used = [{"name": info.name, "version": info.version, "eps": float(steers[ref])}

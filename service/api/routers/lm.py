@@ -18,6 +18,9 @@ holding no thread; beyond ``limits.lm_max_waiting`` waiting requests the answer 
 client goes away while it waits leaves the queue at once (499): it neither runs the model for nobody nor keeps
 a place from a live client. Before, each waiting request held one of the shared worker threads, and a few
 dozen of them behind a long fit left none for ``/readyz``, ``/v1/jobs`` or any other route.
+Before their turn, and so before the first one loads the model, each is checked for all that needs no model
+(its body, steer refs, eps, temperature, max_new_tokens; no LM to load): a bad request is refused at once, not
+after the load (47 s on a cold server) or a fit's forward pass. Only the token counts wait for the tokenizer.
 """
 
 from __future__ import annotations
@@ -168,14 +171,16 @@ def _gate(app, max_waiting: int) -> Gate:
     return gate
 
 
-def _model_route(path: str, *, summary: str, body_model, response_model, example: str):
+def _model_route(path: str, *, summary: str, body_model, response_model, example: str, check):
     """``POST /v1/lm{path}`` (read scope, JSON body of ``body_model``) answering ``fn(opts, request, state)``,
     run off the event loop (the model is slow and holds its lock) once the app's model :class:`~service.api.gate.Gate`
-    gives it its turn."""
+    gives it its turn. ``check(opts, request, state)`` runs first, before the turn and without the model: what a
+    request can be refused for without it is refused at once, not after waiting for a fit's forward pass or the
+    first request's load of the model (47 s on a cold server)."""
     def register(fn):
         async def endpoint(request: Request, state: StateDep):
             body = await request.body()
-            opts = await run_in_threadpool(lambda: validate(body_model, parse_json(body)))
+            opts = await run_in_threadpool(_checked, body_model, check, body, request, state)
             async with _gate(request.app, state.settings.limits.lm_max_waiting).turn(request):
                 return FastJSONResponse(await run_in_threadpool(fn, opts, request, state))
 
@@ -188,24 +193,66 @@ def _model_route(path: str, *, summary: str, body_model, response_model, example
     return register
 
 
+def _checked(body_model, check, body: bytes, request: Request, state):
+    """The request's body validated as ``body_model``, then ``check``-ed (:func:`_model_route`)."""
+    opts = validate(body_model, parse_json(body))
+    check(opts, request, state)
+    return opts
+
+
+def _loaded_or_available(request: Request) -> LM | None:
+    """The app's LM when loaded (its name in messages), else None after a 503 now when there is none to load (the
+    default model's runtime or file missing: :func:`~service.ops.lm.check_lm_available`, without loading)."""
+    app_state = request.app.state
+    ops.check_lm_available(app_state, getattr(app_state, "lm_provider", None))
+    return getattr(app_state, "lm", None)
+
+
+def _new_tokens(opts: LMGenerateRequest, limits) -> int:
+    """The tokens to generate: as asked, at most ``limits.lm_max_new_tokens`` (InputError beyond); by default the
+    default or the limit, whichever is fewer."""
+    if "max_new_tokens" not in opts.model_fields_set:
+        return min(opts.max_new_tokens, limits.lm_max_new_tokens)  # a default never exceeds the operator's limit
+    if opts.max_new_tokens > limits.lm_max_new_tokens:
+        raise InputError(f"max_new_tokens={opts.max_new_tokens} exceeds the limit of {limits.lm_max_new_tokens} "
+                         f"(limits.lm_max_new_tokens)")
+    return opts.max_new_tokens
+
+
+def _check_generate(opts: LMGenerateRequest, request: Request, state) -> None:
+    """What a generate request is refused for without the model: max_new_tokens beyond the operator's limit, a
+    sampling temperature too small, a steer ref that does not resolve or is an embedding space's, an eps out of
+    range (each, and the summed eps of refs to one version); then no LM to load (503). The prompt's tokens are
+    counted by the model's tokenizer, after the load."""
+    _new_tokens(opts, state.settings.limits)
+    ops.check_sampling(opts.temperature)
+    lm = getattr(request.app.state, "lm", None)
+    ops.check_steers(state.registry, list(opts.steers), state.resolve_steer, list(opts.steers.values()), lm)
+    _loaded_or_available(request)
+
+
+def _check_analyze(opts: LMAnalyzeRequest, request: Request, state) -> None:
+    """What an analyze request is refused for without the model: its steer ref not resolving or an embedding
+    space's (eps is bounded by the request model); then no LM to load (503). The text's tokens (at least two, at
+    most ``limits.lm_max_tokens``) are counted by the model's tokenizer, after the load."""
+    ops.check_steers(state.registry, [opts.steer], state.resolve_steer, lm=getattr(request.app.state, "lm", None))
+    _loaded_or_available(request)
+
+
 @_model_route("/generate", summary="Continue a prompt under steers", body_model=LMGenerateRequest,
-              response_model=LMGenerateResponse, example="lm_generate")
+              response_model=LMGenerateResponse, example="lm_generate", check=_check_generate)
 def lm_generate(opts: LMGenerateRequest, request: Request, state) -> dict:
     limits = state.settings.limits
-    new_tokens = opts.max_new_tokens
-    if "max_new_tokens" not in opts.model_fields_set:
-        new_tokens = min(new_tokens, limits.lm_max_new_tokens)  # a default never exceeds the operator's limit
-    elif new_tokens > limits.lm_max_new_tokens:
-        raise InputError(f"max_new_tokens={new_tokens} exceeds the limit of {limits.lm_max_new_tokens} "
-                         f"(limits.lm_max_new_tokens)")
-    return ops.generate(state.registry, get_lm(request), opts.prompt, opts.steers, max_new_tokens=new_tokens,
-                        temperature=opts.temperature, top_p=opts.top_p, random_state=opts.random_state,
-                        load_steer=state.resolve_steer, max_tokens=limits.lm_max_tokens)
+    # the model loaded (by the first request) only once the steers resolved again: one deleted meanwhile is a 404
+    return ops.generate(state.registry, lambda: get_lm(request), opts.prompt, opts.steers,
+                        max_new_tokens=_new_tokens(opts, limits), temperature=opts.temperature, top_p=opts.top_p,
+                        random_state=opts.random_state, load_steer=state.resolve_steer,
+                        max_tokens=limits.lm_max_tokens)
 
 
 @_model_route("/analyze", summary="Per-token evidence of a steer in a text", body_model=LMAnalyzeRequest,
-              response_model=LMAnalyzeResponse, example="lm_analyze")
+              response_model=LMAnalyzeResponse, example="lm_analyze", check=_check_analyze)
 def lm_analyze(opts: LMAnalyzeRequest, request: Request, state) -> dict:
-    return ops.analyze(state.registry, get_lm(request), opts.text, opts.steer, eps=opts.eps,
+    return ops.analyze(state.registry, lambda: get_lm(request), opts.text, opts.steer, eps=opts.eps,
                        threshold=opts.threshold, load_steer=state.resolve_steer,
                        max_tokens=state.settings.limits.lm_max_tokens)

@@ -180,7 +180,10 @@ def test_no_language_model_is_503(tmp_path):
     app = create_app(settings_for(tmp_path))
     app.state.lm_provider = missing
     fit = {"name": "x", "texts": POS + NEG, "labels": [1] * 6 + [-1] * 6}
-    with TestClient(app) as c:
+    rng = np.random.default_rng(0)
+    with TestClient(app) as c:  # a steer of the model's space to analyze with: an unknown one is a 404 before
+        app.state.vb.registry.register_steer("tone", Steer(rng.normal(size=(16, 1)), rng.normal(size=(16, 1))),
+                                             space=SPACE)
         for path, body, h in (("/v1/lm/generate", {"prompt": "the film"}, R),
                               ("/v1/lm/analyze", {"text": "the film", "steer": "tone"}, R)):
             r = c.post(path, headers=h, json=body)

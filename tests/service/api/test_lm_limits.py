@@ -193,7 +193,8 @@ def test_a_full_model_queue_is_429(served):
         threads = _generate_in_threads(served["base"], 4, out)
         _until_metrics(c, 1, 3)
         t0 = time.time()
-        r = c.post("/v1/lm/analyze", headers=R, json={"text": "the film was good", "steer": "nope"})
+        # a request that could run (an unknown steer is a 404 at once: checked before the queue)
+        r = c.post("/v1/lm/analyze", headers=R, json={"text": "the film was good", "steer": "tone"})
         assert r.status_code == 429, r.text
         assert time.time() - t0 < 5 and r.headers["Retry-After"]
         assert "limits.lm_max_waiting" in r.json()["error"]["message"]

@@ -1,0 +1,110 @@
+"""POST /v1/lm/generate and /v1/lm/analyze check what needs no model before they load it: the first request on a
+fresh server loaded the language model (47 s for SmolLM2) and only then failed on a bad field (a temperature too
+small to sample with, an unknown or embedding steer, an eps out of range), and every bad request waited for its
+turn at the model behind the request loading it. Served by uvicorn in this process, with the tiny random Llama
+(hidden size 16) of the LM tests, its provider counting its calls."""
+
+from __future__ import annotations
+
+import threading
+
+import httpx
+import numpy as np
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from _api_support import R, settings_for
+from _servers import serve_in_thread
+from _tiny_lm import tiny_lm
+
+from align.steer import Steer
+from service.api import create_app
+from service.limits import Limits
+
+SPACE = "lm.tiny-llama"
+
+BAD = [  # (path, body, status, words of the message)
+    ("/v1/lm/generate", {"prompt": "the film", "temperature": 1e-300}, 422, "temperature"),
+    ("/v1/lm/generate", {"prompt": "the film", "steers": {"nope": 1.0}}, 404, "unknown steer 'nope'"),
+    ("/v1/lm/generate", {"prompt": "the film", "steers": {"emb": 1.0}}, 422, "an embedding space"),
+    ("/v1/lm/generate", {"prompt": "the film", "steers": {"tone": 1e9}}, 422, "the eps of steer 'tone'"),
+    ("/v1/lm/generate", {"prompt": "the film", "steers": {"tone": 600.0, "tone:1": 600.0}}, 422, "tone"),
+    ("/v1/lm/generate", {"prompt": "the film", "max_new_tokens": 21}, 422, "limits.lm_max_new_tokens"),
+    ("/v1/lm/analyze", {"text": "the film was good", "steer": "nope"}, 404, "unknown steer 'nope'"),
+    ("/v1/lm/analyze", {"text": "the film was good", "steer": "emb"}, 422, "an embedding space"),
+]
+
+
+def _app(tmp_path, provider):
+    app = create_app(settings_for(tmp_path, limits=Limits(lm_max_new_tokens=20)))
+    app.state.lm_provider = provider
+    return app
+
+
+def _steers(app) -> None:
+    """An LM steer of the tiny model's width in its space, and an embedding steer (the app serving)."""
+    rng = np.random.default_rng(0)
+    reg = app.state.vb.registry
+    reg.register_steer("tone", Steer(rng.normal(size=(16, 1)), rng.normal(size=(16, 1))), space=SPACE)
+    reg.register_steer("emb", Steer(rng.normal(size=(8, 1)), rng.normal(size=(8, 1))), space="e8")
+
+
+def test_bad_generate_and_analyze_requests_are_refused_without_loading_the_model(tmp_path):
+    model, tok = tiny_lm()
+    calls: list = []
+
+    def provider():
+        calls.append(1)
+        return model, tok
+
+    app = _app(tmp_path, provider)
+    with serve_in_thread(app) as base, httpx.Client(base_url=base, timeout=60) as c:
+        _steers(app)
+        for path, body, status, says in BAD:
+            r = c.post(path, headers=R, json=body)
+            assert r.status_code == status and says in r.json()["error"]["message"], (body, r.text)
+            assert calls == [], f"{body}: the model was loaded for a request refused without it"
+        r = c.post("/v1/lm/generate", headers=R, json={"prompt": "the film", "steers": {"tone": 1.0},
+                                                        "max_new_tokens": 2})
+        assert r.status_code == 200 and calls == [1], r.text
+        for path, body, status, says in BAD:  # loaded: the same answers, the model's space named
+            r = c.post(path, headers=R, json=body)
+            assert r.status_code == status and says in r.json()["error"]["message"], (body, r.text)
+        assert SPACE in c.post("/v1/lm/analyze", headers=R, json=BAD[-1][1]).json()["error"]["message"]
+        assert calls == [1]
+
+
+def test_a_bad_request_is_refused_while_the_first_request_loads_the_model(tmp_path):
+    """The first generate holds the model's turn while the model loads: a bad request behind it is answered at
+    once, not after the load (the provider is released only after the bad requests' answers, or after 60 s when
+    they wait for it)."""
+    model, tok = tiny_lm()
+    loading, release = threading.Event(), threading.Event()
+
+    def slow():
+        loading.set()
+        assert release.wait(120)
+        return model, tok
+
+    app = _app(tmp_path, slow)
+    out: list = []
+    timer = threading.Timer(60, release.set)  # the old code's bad requests wait for the load: end it then
+    with serve_in_thread(app) as base, httpx.Client(base_url=base, timeout=120) as c:
+        _steers(app)
+        first = threading.Thread(target=lambda: out.append(c.post("/v1/lm/generate", headers=R, json={
+            "prompt": "the film", "max_new_tokens": 2}).status_code))
+        first.start()
+        timer.start()
+        try:
+            assert loading.wait(60)
+            for path, body, status, says in BAD[:4] + BAD[-2:]:
+                r = c.post(path, headers=R, json=body)
+                assert r.status_code == status and says in r.json()["error"]["message"], (body, r.text)
+                assert not release.is_set(), f"{body}: answered only after the model loaded"
+        finally:
+            release.set()
+            timer.cancel()
+            first.join(120)
+        assert out == [200]
