@@ -12,7 +12,7 @@ embedding steers in the space ``lm.<model name>`` (:func:`lm_space`). Every use 
 ``LM.lock``: steering works through a forward hook on the shared model, so two uses must not
 interleave.
 
-- :func:`check_fit` / :func:`prepare_fit` / :func:`run_fit` (or :func:`fit_steer`, all three):
+- :func:`check_fit` (+ :func:`check_fit_steer`) / :func:`prepare_fit` / :func:`run_fit` (or :func:`fit_steer`):
   train ``W = P1 P2^T`` on labelled texts (+1 / -1 / 0; body frozen) and register it with its lens
   (vocabulary words at both ends of W's first singular directions) and lineage.
 - :func:`generate`: continue a prompt under ``{steer ref: eps}`` (composed by summation; refs to one version
@@ -47,9 +47,9 @@ from ..lm.model import smollm2_gguf_path
 from ..registry.names import check_alias, check_name
 from .steers import check_steer_space, check_summed_eps
 
-__all__ = ["LM", "LMFit", "lm_space", "open_lm", "get_lm", "check_lm_available", "check_fit", "prepare_fit",
-           "run_fit", "fit_steer", "check_steers", "check_sampling", "check_length", "generate", "analyze", "FIT_METRICS", "MAX_FIT_RANK",
-           "MAX_FIT_STEPS", "MAX_LM_EPS"]
+__all__ = ["LM", "LMFit", "lm_space", "open_lm", "get_lm", "check_lm_available", "check_fit", "check_fit_steer",
+           "prepare_fit", "run_fit", "fit_steer", "check_steers", "check_sampling", "check_length", "generate",
+           "analyze", "FIT_METRICS", "MAX_FIT_RANK", "MAX_FIT_STEPS", "MAX_LM_EPS"]
 
 #: metadata of a fitted LM steer kept as the version's metrics
 #: Upper bounds of an LM-Steer fit's training scale eps0 (default 1e-3) and Adam learning rate (default 1e-2):
@@ -182,6 +182,32 @@ def check_fit(spec: LMFit) -> LMFit:
     return spec
 
 
+def check_fit_steer(registry, spec: LMFit) -> LMFit:
+    """The checks of a fit that need the registry but no model (the first fit's request, before its job loads the
+    model): steer ``spec.name`` already in an embedding space (ConflictError: no model's space is one), or in LM
+    space ``lm.X`` with a ``rank`` above that space's width (InputError: X's hidden size bounds the rank, and another
+    model's fit of it would be a conflict). What needs the model waits for :func:`prepare_fit`: the rank against its
+    hidden size, texts of one token, the steer's space against the model's."""
+    try:
+        have = registry.list_steer_versions(spec.name)
+    except NotFoundError:
+        return spec
+    if not have:
+        return spec
+    space = have[0].space
+    if not space.startswith(lm_space("")):
+        raise ConflictError(f"steer {spec.name!r} lives in space {space!r}, an embedding space, not a language "
+                            f"model's (lm.<model>): give the LM steer another name")
+    try:
+        d = registry.get_space(space).dim
+    except NotFoundError:
+        return spec
+    if spec.rank > d:
+        raise InputError(f"rank must be in [1, {d}] for steer {spec.name!r}: it lives in space {space!r}, {d}-d "
+                         f"(the hidden size of its model), got {spec.rank}")
+    return spec
+
+
 def prepare_fit(registry, lm: LM, spec: LMFit) -> LMFit:
     """:func:`check_fit`, InputError for a rank above the model's hidden size or a side (+1 / -1) whose texts are
     all one token long, and ConflictError when steer
@@ -233,6 +259,8 @@ def run_fit(registry, lm: LM, spec: LMFit, progress: Callable[[str, float], None
 def fit_steer(registry, lm: LM | Callable[[], LM], spec: LMFit, progress=None):
     """:func:`check_fit`, then (``lm`` loaded) :func:`prepare_fit` and :func:`run_fit`."""
     check_fit(spec)
+    if not isinstance(lm, LM):  # before the load (a CLI run's ~30 s)
+        check_fit_steer(registry, spec)
     lm = lm if isinstance(lm, LM) else lm()
     return run_fit(registry, lm, prepare_fit(registry, lm, spec), progress)
 

@@ -127,7 +127,9 @@ FIT_DOC = """Queue an LM-Steer fit on the service's language model (body frozen)
 (+1 / -1 / 0). The answer (202) carries the job id; on success the job's `result` holds `ref` and the
 registered `steer` (space `lm.<model>`, lens = vocabulary words at the ends of W's singular directions).
 The first fit on a fresh server answers at once too: its job loads the model (stage `loading model`), and the
-checks that need the model (`rank` above its hidden size, texts of one token) fail that job instead of a 422.
+checks that need the model (`rank` above its hidden size, texts of one token) fail that job instead of a 422;
+a `name` of a steer in an embedding space (409), or of one whose LM space is narrower than `rank` (422), is
+refused with the request.
 """
 
 
@@ -146,6 +148,8 @@ def create_lm_steer(body: bytes, request, state, settings):
     loaded = getattr(app_state, "lm", None)
     if loaded is not None:  # the checks that need the model (rank, one-token sides, the steer's space): now
         spec = ops.prepare_fit(state.registry, loaded, spec)
+    else:  # those that need the registry only (a steer name in an embedding space, a rank above its LM space's)
+        spec = ops.check_fit_steer(state.registry, spec)
 
     def job(ctx):
         lm = loaded

@@ -292,6 +292,25 @@ def test_cli_error_paths_exit_2_before_loading_the_model(cli_env, capsys):
     assert "vecbridge: error:" in err and "internal error" not in err
 
 
+def test_cli_refuses_what_needs_no_model_before_loading_it(cli_env, capsys):
+    """A sampling temperature too small and a steer name bound to an embedding space were told after the load (the
+    sampler's overflow; the fit's registration check): both need no model."""
+    from service.registry import open_registry
+
+    C, base, tmp, loads = cli_env
+    data = tmp / "data"
+    data.mkdir()
+    reg = open_registry(f"sqlite:///{(data / 'registry.sqlite').resolve()}", (data / "artifacts").resolve())
+    rng = np.random.default_rng(0)
+    reg.register_steer("emb", Steer(rng.normal(size=(8, 1)), rng.normal(size=(8, 1))), space="e8")
+    assert C.main([*base, "lm", "generate", "--prompt", "the film", "--temperature", "0.001"]) == 2
+    assert "temperature 0.001 is too small" in capsys.readouterr().err
+    assert C.main([*base, "lm", "steer-fit", "--texts", str(tmp / "t.txt"), "--labels", str(tmp / "y.txt"),
+                   "--name", "emb", "--quiet"]) != 0
+    assert "steer 'emb' lives in space 'e8', an embedding space" in capsys.readouterr().err
+    assert loads == []
+
+
 def test_an_eps_out_of_range_is_refused_by_every_face(cli_env, world, capsys):
     """``lm analyze --eps 0`` scored every token 0 and ``--eps=-1`` flipped the signs, exit 0, where HTTP said 422
     "greater than 0"; eps 1e30 gave "log-prob" scores of ~1e29 over HTTP (and a fixed word in generate). One check

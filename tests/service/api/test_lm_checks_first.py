@@ -1,8 +1,9 @@
 """POST /v1/lm/generate and /v1/lm/analyze check what needs no model before they load it: the first request on a
 fresh server loaded the language model (47 s for SmolLM2) and only then failed on a bad field (a temperature too
 small to sample with, an unknown or embedding steer, an eps out of range), and every bad request waited for its
-turn at the model behind the request loading it. Served by uvicorn in this process, with the tiny random Llama
-(hidden size 16) of the LM tests, its provider counting its calls."""
+turn at the model behind the request loading it. The first fit, whose job loads the model, refuses with the
+request what the registry tells (a steer name it cannot fit). Served by uvicorn in this process, with the tiny
+random Llama (hidden size 16) of the LM tests, its provider counting its calls."""
 
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from _api_support import R, settings_for
+from _api_support import R, W, settings_for
+from _jobs_support import wait_http_job
 from _servers import serve_in_thread
 from _tiny_lm import tiny_lm
 
@@ -108,3 +110,30 @@ def test_a_bad_request_is_refused_while_the_first_request_loads_the_model(tmp_pa
             timer.cancel()
             first.join(120)
         assert out == [200]
+
+
+def test_the_first_fit_refuses_a_steer_name_it_cannot_fit_without_loading_the_model(tmp_path):
+    """Before the model is loaded, POST /v1/lm/steers answered 202 for a steer name bound to an embedding space, or
+    to an LM space narrower than the rank asked, and its job loaded the model only to fail: both are told by the
+    registry, so they are refused with the request (no job, no load)."""
+    model, tok = tiny_lm()
+    calls: list = []
+
+    def provider():
+        calls.append(1)
+        return model, tok
+
+    fit = {"texts": ["the film was good", "a great movie", "the film was bad", "an awful movie"],
+           "labels": [1, 1, -1, -1], "steps": 2}
+    app = _app(tmp_path, provider)
+    with serve_in_thread(app) as base, httpx.Client(base_url=base, timeout=60) as c:
+        _steers(app)
+        for body, status, says in (({"name": "emb"}, 409, "steer 'emb' lives in space 'e8', an embedding space"),
+                                   ({"name": "tone", "rank": 17}, 422, "rank must be in [1, 16]")):
+            r = c.post("/v1/lm/steers", headers=W, json={**fit, **body})
+            assert r.status_code == status and says in r.json()["error"]["message"], r.text
+            assert c.get("/v1/jobs", headers=W).json()["data"] == [] and calls == []
+        r = c.post("/v1/lm/steers", headers=W, json={**fit, "name": "tone", "rank": 2})  # fits: its job loads
+        assert r.status_code == 202, r.text
+        job = wait_http_job(c, r.json()["id"], headers=W)
+        assert job["state"] == "succeeded" and job["result"]["ref"] == "tone:2" and calls == [1], job
