@@ -61,14 +61,22 @@ def test_http_fit_refuses_unpaired_rows_of_the_other_sides_model(tmp_path, wordn
     with TestClient(create_app(settings_for(tmp_path, max_batch=5000, max_body_bytes=20_000_000))) as c:
         for key, rows, message in (("unpaired_source", e5[REST], "the unpaired source rows look like space 'e5'"),
                                    ("unpaired_target", mi[REST], "the unpaired target rows look like space 'minilm'")):
+            # refused with the request, as the CLI refuses them (they were a 202 and a failed job)
             r = c.post("/v1/fits", headers=W, json={**body, key: vectors_b64(rows)})
-            assert r.status_code == 202, r.text
-            job = wait_http_job(c, r.json()["id"], headers=W)
-            assert job["state"] == "failed" and message in job["error"]["message"], job
+            assert r.status_code == 422 and message in r.json()["error"]["message"], r.text
+        assert c.get("/v1/jobs", headers=W).json()["data"] == []
         assert c.get("/v1/maps", headers=W).json()["data"] == []
         r = c.post("/v1/fits", headers=W, json={**body, "unpaired_source": vectors_b64(mi[REST])})
         job = wait_http_job(c, r.json()["id"], headers=W)
         assert job["state"] == "succeeded", job
+        # mi-e5:1 references both spaces now: sides swapped are a 422 with the request too, not a failed job
+        jobs = c.get("/v1/jobs", headers=W).json()["data"]
+        r = c.post("/v1/fits", headers=W, json={**body, "source": vectors_b64(e5[REST]),
+                                                "target": vectors_b64(mi[REST])})
+        assert r.status_code == 422 and "the files look swapped" in r.json()["error"]["message"], r.text
+        r = c.post("/v1/fits", headers=W, json={**body, "unpaired_target": vectors_b64(mi[REST])})
+        assert r.status_code == 422 and "the unpaired target rows look like space 'minilm'" in r.text, r.text
+        assert c.get("/v1/jobs", headers=W).json()["data"] == jobs
 
 
 def test_one_map_of_another_models_rows_is_not_a_spaces_reference(capsys, tmp_path, files):

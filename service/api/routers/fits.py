@@ -8,6 +8,7 @@ from align.exceptions import InputError
 
 from ...ops import maps as map_ops
 from ...ops.unpaired import UNPAIRED, check_unpaired
+from ...spaces import check_fit_spaces
 from ..codec import (
     body_dim,
     check_batch,
@@ -35,6 +36,8 @@ minivec2vec); otherwise the sets are unpaired (`minivec2vec`, the default `metho
 with `seed_pairs`.
 `unpaired_source` / `unpaired_target` (`vectors`, or `vectors_b64` + `dim`) are more rows of one model beside
 the pairs (the old corpus, queries): `align.fit_migration`'s unpaired rows, for auto, contrastive and cluster.
+Sides given as vectors are checked against their spaces with the request, as the CLI checks them (a 422): the
+sides swapped, a side of another space's model, unpaired rows of the other side's model.
 
 Send an `Idempotency-Key` header to make retries safe: the same key and body return the
 first job (200 instead of 202); the same key with another body is a 409. A full queue is a
@@ -118,6 +121,10 @@ def create_fit(body: bytes, request, state, settings):
     _check_seed_pairs(opts.seed_pairs, src.rows, tgt.rows)
     map_ops.check_fit_rows(method, opts.params, src, tgt, seed_pairs=opts.seed_pairs,
                            random_state=opts.random_state)  # rows too few for the params: now, not a failed job
+    if src.X is not None and tgt.X is not None:  # the rows are here: swapped sides and unpaired rows of the other
+        # side's model are a 422 now, as the CLI refuses them, not a failed job (which checks again: the registry
+        # may have changed; its warnings of rows no reference recognises are the job's notes)
+        check_fit_spaces(state.registry, src.X, tgt.X, opts.source_space, opts.target_space, unpaired=rest)
     state.metrics.batch_rows.labels("fit").observe(src.rows + tgt.rows)
 
     def job(ctx):
