@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 import threading
 import time
+import warnings
 from typing import Any
 
 __all__ = ["Every", "JsonFormatter", "configure_logging", "get_logger", "redact"]
@@ -90,7 +92,11 @@ def configure_logging(level: str = "INFO", *, server: bool = False) -> None:
     ``server=True`` (a serving process, each ``--workers`` process too): uvicorn's own lines (start-up, shutdown,
     invalid requests, errors) go the same way; its access log stays off (the access logger writes one line per
     request, without headers or query strings). A worker process left them unconfigured: its INFO lines were
-    lost and its warnings were plain text in the JSON stream.
+    lost and its warnings were plain text in the JSON stream. Python warnings (``VecbridgeWarning``, scikit-learn's
+    ``ConvergenceWarning``...) become records of the ``py.warnings`` logger, JSON lines too, and tqdm progress bars
+    (the language model's loader draws some) are off (:func:`_server_streams`): process-wide changes, so made only
+    here, by ``serve`` and each ``--workers`` process (never at an import, nor by an app's lifespan, which tests run
+    in their own process).
     """
     root = logging.getLogger("vecbridge")
     root.setLevel(level.upper())
@@ -101,6 +107,7 @@ def configure_logging(level: str = "INFO", *, server: bool = False) -> None:
         root.addHandler(handler)
     root.propagate = False
     if server:
+        _server_streams(root.handlers)
         uv = logging.getLogger("uvicorn")
         uv.handlers = list(root.handlers)
         uv.setLevel(level.upper())
@@ -108,6 +115,48 @@ def configure_logging(level: str = "INFO", *, server: bool = False) -> None:
         for name in ("uvicorn.error", "uvicorn.asgi"):  # children of "uvicorn": no handlers of their own
             logging.getLogger(name).handlers = []
             logging.getLogger(name).propagate = True
+
+
+def _server_streams(handlers) -> None:
+    """A serving process's stderr holds JSON lines only, from Python at least: warnings through ``handlers`` (the
+    ``vecbridge`` tree's) as ``py.warnings`` records, and tqdm bars disabled (they drew plain text into the stream:
+    the language model's GGUF loader draws one). FAISS's C++ code writes to the stderr file descriptor itself
+    ("WARNING clustering ..."): that cannot be routed, README's serve lines say so. Idempotent."""
+    pw = logging.getLogger("py.warnings")  # the logger logging.captureWarnings uses
+    pw.handlers = list(handlers)
+    pw.propagate = False
+    if not getattr(warnings.showwarning, "_vecbridge", False):
+        warnings.showwarning = _json_showwarning(warnings.showwarning)
+    os.environ["TQDM_DISABLE"] = "1"  # a tqdm imported after this (tqdm reads it at import), a process started here
+    try:
+        from tqdm import std
+    except ImportError:  # pragma: no cover - tqdm comes with the CLI's dependencies
+        return
+    if not getattr(std.tqdm.__init__, "_vecbridge", False):  # a tqdm already imported: every bar made disabled
+        init = std.tqdm.__init__
+
+        def quiet_init(self, *args, **kwargs):
+            kwargs["disable"] = True
+            init(self, *args, **kwargs)
+
+        quiet_init._vecbridge = True  # type: ignore[attr-defined]
+        std.tqdm.__init__ = quiet_init
+
+
+def _json_showwarning(plain):
+    """``warnings.showwarning`` of a serving process: one ``py.warnings`` record with the warning's text as ``msg``
+    and its ``category`` and ``where`` (``file:line``) as fields, not the two lines of plain text Python writes to
+    stderr. A warning shown to an explicit ``file`` goes to ``plain`` (the function it replaces), as before."""
+
+    def show(message, category, filename, lineno, file=None, line=None) -> None:
+        if file is not None:
+            plain(message, category, filename, lineno, file, line)
+            return
+        logging.getLogger("py.warnings").warning(str(message), extra={"fields": {
+            "category": getattr(category, "__name__", str(category)), "where": f"{filename}:{lineno}"}})
+
+    show._vecbridge = True  # type: ignore[attr-defined]
+    return show
 
 
 def get_logger(name: str) -> logging.Logger:

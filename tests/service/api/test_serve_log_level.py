@@ -43,3 +43,49 @@ def test_the_log_level_option_wins_over_the_variable_and_a_failed_job_names_its_
     assert len(failed) == 1, lines
     fields = failed[0]
     assert fields["job_id"] == job_id and "no-signal" in fields["what"] and fields["request_id"] == rid, fields
+
+
+_SERVING = """
+import os, sys, warnings
+import tqdm.std
+before = warnings.showwarning, vars(tqdm.std.tqdm)["__init__"]
+import service.api.app, service.cli, service.logging  # what tests import: no process-wide change at an import
+assert (warnings.showwarning, vars(tqdm.std.tqdm)["__init__"]) == before and "TQDM_DISABLE" not in os.environ
+from service.logging import configure_logging
+configure_logging("INFO", server=SERVER)
+from align.exceptions import VecbridgeWarning
+from sklearn.exceptions import ConvergenceWarning
+from tqdm import tqdm
+from tqdm.auto import tqdm as auto_tqdm
+warnings.warn("rows unchecked", VecbridgeWarning)
+warnings.warn("did not converge", ConvergenceWarning)
+for bar in (tqdm(range(3), file=sys.stderr), auto_tqdm(range(3), desc="Converting", file=sys.stderr)):
+    for _ in bar:
+        pass
+"""
+
+
+def test_a_serving_processes_warnings_are_json_lines_and_it_draws_no_progress_bars(tmp_path):
+    """QA: the server log is JSON lines, but Python warnings (VecbridgeWarning, scikit-learn's ConvergenceWarning)
+    came as Python's plain two-line text and the LM loader's tqdm bars were drawn into it. A serving process logs
+    each warning as one JSON record (logger py.warnings, its category and where) and draws no bar; the CLI (not
+    serving) keeps its bars. Each in a process of its own: the change is process-wide, made by serve alone."""
+    import subprocess
+
+    def stderr_of(server: bool) -> str:
+        env = {k: v for k, v in env_for(tmp_path / "data", 0).items()  # no server: no port
+               if not k.startswith("TQDM_") and k != "PYTHONWARNINGS"}
+        out = subprocess.run([sys.executable, "-c", _SERVING.replace("SERVER", str(server))], env=env,
+                             capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr
+        return out.stderr
+
+    lines = stderr_of(True).splitlines()
+    assert lines and all(line.startswith("{") for line in lines), lines
+    records = [json.loads(line) for line in lines]
+    assert [(r["logger"], r["level"], r["msg"], r["category"]) for r in records] == [
+        ("py.warnings", "WARNING", "rows unchecked", "VecbridgeWarning"),
+        ("py.warnings", "WARNING", "did not converge", "ConvergenceWarning")], records
+    assert all(r["where"].startswith("<string>:") for r in records), records
+    plain = stderr_of(False)
+    assert "rows unchecked" in plain and "3/3" in plain and "Converting" in plain, plain  # the CLI's: as before
