@@ -8,6 +8,7 @@ bad labels exit 2 before the slow model load.
 from __future__ import annotations
 
 import math
+from contextlib import nullcontext
 from pathlib import Path
 
 import click
@@ -16,8 +17,10 @@ from align.exceptions import InputError
 
 from ..io import read_texts
 from ..limits import MAX_NEW_TOKENS
+from ..lm.model import load_bars_hidden
 from ..ops import lm as ops
-from ._common import Ctx, FiniteRange, emit, json_opt, progress_bar, random_state_opt, read_labels, register_opts
+from ._common import (Ctx, FiniteRange, emit, json_opt, progress_bar, random_state_opt, read_labels, register_opts,
+                      stderr_is_terminal)
 
 __all__ = ["lm"]
 
@@ -27,11 +30,21 @@ def lm():
     """LM-Steer on the causal language model (SmolLM2 from its wheel): fit, generate, analyze."""
 
 
-def _lm_of(obj: Ctx):
-    """The loader of the context's LM (``service.cli.LM_PROVIDER`` read when it is called)."""
+def _lm_of(obj: Ctx, *, bars: bool = True):
+    """The loader of the context's LM (``service.cli.LM_PROVIDER`` read when it is called); ``bars`` False: without
+    transformers' load bars on stderr (:func:`~service.lm.model.load_bars_hidden`), as the CLI draws none of its own
+    with ``--quiet`` or ``--json`` or when stderr is not a terminal (:func:`~._common.progress_bar`)."""
     from . import LM_PROVIDER  # the package attribute, so that tests can replace it
 
-    return lambda: ops.get_lm(obj, LM_PROVIDER)
+    def load():
+        with nullcontext() if bars else load_bars_hidden():
+            return ops.get_lm(obj, LM_PROVIDER)
+    return load
+
+
+def _bars(*, quiet: bool = False, as_json: bool = False) -> bool:
+    """Whether a command draws progress bars, its own and the model load's: as :func:`~._common.progress_bar`."""
+    return not (quiet or as_json or not stderr_is_terminal())
 
 
 def _steer_eps(items) -> dict:
@@ -74,7 +87,7 @@ def lm_steer_fit(obj: Ctx, texts, labels, name, rank, steps, eps, lr, random_sta
                      inputs={"via": "cli", "texts": str(Path(texts).resolve()), "labels": str(Path(labels).resolve())})
     progress, close = progress_bar(quiet=quiet, as_json=as_json)
     try:
-        v = ops.fit_steer(obj.registry, _lm_of(obj), spec, progress)
+        v = ops.fit_steer(obj.registry, _lm_of(obj, bars=_bars(quiet=quiet, as_json=as_json)), spec, progress)
     finally:
         close()
     emit(v.to_dict(), as_json, f"registered LM steer {v.ref} (rank {v.rank}, space {v.space})"
@@ -95,8 +108,8 @@ def lm_generate(obj: Ctx, prompt, steers, max_new_tokens, temperature, top_p, ra
     """Continue PROMPT under the given steers (prints the continuation)."""
     wanted = _steer_eps(steers)  # a bad REF=EPS is said before the registry is opened
     registry = obj.registry if steers else None  # unsteered generation needs no registry (none is created)
-    out = ops.generate(registry, _lm_of(obj), prompt, wanted, max_new_tokens=max_new_tokens,
-                       temperature=temperature, top_p=top_p, random_state=random_state)
+    out = ops.generate(registry, _lm_of(obj, bars=_bars(as_json=as_json)), prompt, wanted,
+                       max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, random_state=random_state)
     emit(out, as_json, out["text"])
 
 
@@ -109,5 +122,5 @@ def lm_generate(obj: Ctx, prompt, steers, max_new_tokens, temperature, top_p, ra
 @click.pass_obj
 def lm_analyze(obj: Ctx, text, ref, eps, as_json):
     """Per-token evidence of a steer in TEXT: log p(+eps) - log p(-eps) of each token."""
-    out = ops.analyze(obj.registry, _lm_of(obj), text, ref, eps=eps)
+    out = ops.analyze(obj.registry, _lm_of(obj, bars=_bars(as_json=as_json)), text, ref, eps=eps)
     emit(out, as_json, "\n".join(f"{t['score']:+8.3f}  {t['token']}" for t in out["tokens"]))
