@@ -275,6 +275,7 @@ class RowsCheck:
 
     state: str
     note: str
+    cosine: float | None = None  #: the rows' cosine with the declared space's reference (None: nothing to tell by)
 
     @property
     def warning(self) -> str | None:
@@ -319,7 +320,7 @@ def _check_rows(V, space: str, references, *, name: str, fix: str, own_extra) ->
             verdict = judge_rows(rows, own, others, name=name)
     if verdict.checked:
         return RowsCheck("checked", f"checked by rows: mean direction cosine {verdict.own:.2f} with space "
-                                    f"{space!r}'s reference")
+                                    f"{space!r}'s reference", verdict.own)
     if verdict.other is not None:
         err = SpaceMismatchError(
             f"{name} look like space {verdict.other.space!r}, not {space!r}: their mean direction has cosine "
@@ -340,11 +341,11 @@ def _check_rows(V, space: str, references, *, name: str, fix: str, own_extra) ->
                                  f"space {space!r}'s reference" + (f" ({figures})" if figures else "") + ", where a "
                                  f"mixed batch of the space's rows gives ~0.9 and one narrow topic of them 0.17-0.78 "
                                  f"(below {SAME_SPACE_CHECKED_COSINE}: one topic, or a related model's rows, which "
-                                 f"score 0.25-0.39)")
+                                 f"score 0.25-0.39)", verdict.own)
     return RowsCheck("undecided", f"{name} are unchecked by rows: mean direction cosine {verdict.own:.2f} with "
                                   f"space {space!r}'s reference" + (f" ({figures})" if figures else "")
                                   + f", below {SAME_SPACE_MIN_COSINE}: rows of one narrow topic, or of a model the "
-                                  f"registry does not know")
+                                  f"registry does not know", verdict.own)
 
 
 def map_references(v, map_) -> dict[str, list[Reference]]:
@@ -395,13 +396,21 @@ def check_fit_spaces(registry, X: np.ndarray, Y: np.ndarray, source_space: str, 
     ``unpaired`` sets (``{"unpaired_source": U, "unpaired_target": V}``, either or none) by the same rule
     (:func:`check_rows`) against their side's space, with this fit's own sides as references too: rows of the
     other side's model given as ``--unpaired-source`` were fitted into the source frame, which then served as the
-    space's reference. Returns the warnings of sides references exist for but that none recognises."""
+    space's reference. Returns the warnings of sides references exist for but that none recognises. A side whose
+    space the fit would create, a misspelling of a registered one by name and rows, is refused first
+    (:func:`service.space_names.check_new_space`)."""
+    from .space_names import check_new_space  # it builds on this module's check_rows
+
     got: dict = {}
 
     def refs() -> dict:  # both sides' widths in one call, made once
         if not got:
             got["all"] = space_references(registry, {X.shape[1], Y.shape[1]})
         return got["all"]
+    registered = registry.list_spaces()
+    for side, M, space in (("source", X, source_space), ("target", Y, target_space)):
+        check_new_space(space, M, registered, refs, name=f"the {side} rows",
+                        option=f"--{side}-space / {side}_space")
     notes = check_pair_spaces(
         X, Y, source_space, target_space, refs,
         fix={side: f"if they are rows of {{other}}, say so ({option} {{other}}), or swap the files"

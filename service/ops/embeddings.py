@@ -26,9 +26,11 @@ from ..encoders import UnknownEncoderError, check_texts, space_encoder
 from ..errors import ConflictError
 from ..progress import Progress, silent
 from ..registry import NotFoundError
+from ..space_names import check_new_space
+from ..spaces import space_references
 
-__all__ = ["FitSide", "check_pairs", "count_cut", "embed", "embed_file", "embed_side", "encode_texts", "fit_side",
-           "tokens_read"]
+__all__ = ["FitSide", "check_new_side", "check_pairs", "count_cut", "embed", "embed_file", "embed_side", "encode_texts",
+           "fit_side", "tokens_read"]
 
 
 @dataclass
@@ -98,8 +100,21 @@ def embed_side(registry, load_encoder: Callable, side: FitSide, progress: Progre
         try:
             registry.get_space(side.space)
         except NotFoundError:
+            check_new_side(registry, side, X)  # a misspelt space is refused before it is registered
             registry.register_space(side.space, int(X.shape[1]), encoder=side.encoder)
     return X
+
+
+def check_new_side(registry, side: FitSide, X: np.ndarray | None = None, references: Callable | None = None) -> None:
+    """A side whose space is not registered (``side.known`` False) refused when its rows (``X``, default its
+    vectors; none: nothing to check yet) say the name is a misspelling of a registered space's
+    (:func:`service.space_names.check_new_space`); ``references()`` default the registry's of the rows' width."""
+    X = side.X if X is None else X
+    if side.known or X is None:
+        return
+    check_new_space(side.space, X, registry.list_spaces(),
+                    references or (lambda: space_references(registry, X.shape[1])),
+                    name=f"the {side.label} rows", option=f"{side.label}_space")
 
 
 def _translation(services, model: str, target_space: str, map_ref):

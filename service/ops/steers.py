@@ -36,6 +36,7 @@ from ..registry.models import dumps
 from ..registry.names import MAX_NAME, check_alias, check_name
 from ..registry.quality import heldout_doubt, reliable
 from ..registry.retry import until_registered
+from ..space_names import check_new_space
 from ..spaces import MEAN_CHECK_MIN_ROWS, check_rows, space_references
 from .steer_apply import apply_steer_job, check_steer_eps, check_summed_eps, steer_queries  # re-exported
 from .transform import check_no_zero_rows, first_rows, rows_of_input, rows_through
@@ -395,11 +396,13 @@ def check_steer_rows(registry, X, space: str, *, use: str, name: str, ref: str |
     against the references of every space of their width: ``references()``, default the registry's, asked only for
     ``MEAN_CHECK_MIN_ROWS`` rows or more): rows that another space clearly recognises are a SpaceMismatchError
     naming it (a minilm steer applied to e5 rows answered with no word). ``warn(note)``: rows references exist for
-    but none recognises."""
+    but none recognises. A fit's new space misspelling a registered one: refused (:func:`check_new_space`)."""
     X = np.asarray(X)
     if X.ndim != 2:  # refused by shape where the rows are read
         return
     refs = references or (lambda: space_references(registry, X.shape[1]))
+    if use == "fit":
+        check_new_space(space, X, registry.list_spaces(), refs, name=name, option="--space / space")
     check_rows(X, space, refs, name=name, fix=_ROWS_FIX[use].format(ref=ref, space=space), warn=warn)
 
 

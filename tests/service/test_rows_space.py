@@ -461,3 +461,60 @@ def test_transform_says_rows_of_a_related_model_are_recognised_only_weakly_witho
     code, _, err = cli(capsys, world, "transform", "--map", "minilm-e5@prod", world["minilm"], out, "--rows",
                        "3000:3400", "--quiet")
     assert code == 0 and "warning" not in err, err
+
+
+def test_a_misspelt_new_space_is_refused_by_fits_and_steer_fits_naming_the_space(world, capsys, tmp_path):
+    """QA (session 55): POST /v1/fits with source_space "minlm" for MiniLM rows created space 'minlm' for good (a map
+    used it, so it could never be deleted) and later checks advised the typo. A space a fit or steer fit would
+    create whose name is a near miss of a registered space's AND whose rows that space's reference recognises is
+    refused now (422 / exit 2), naming the space, the name distance and the cosine, and how to go on; a new name
+    that is no near miss ('minilm-ft', a fine-tuned model's rows) is taken as before, as is a near miss registered
+    first."""
+    import shutil
+
+    from fastapi.testclient import TestClient
+
+    from service.api import create_app
+    from service.config import Settings
+
+    shutil.copytree(world["data"], tmp_path / "data")  # the fits here that succeed must not touch the module's world
+    mine = {**world, "data": tmp_path / "data"}
+    mi, e5 = np.load(world["minilm"])[3000:3200], np.load(world["e5"])[3000:3200]
+    labels = [1 if i % 2 else -1 for i in range(len(mi))]
+
+    def words(text, space="minlm"):
+        return all(w in text for w in (f"space {space!r} is not registered", "near miss of the registered space "
+                                       "'minilm' (name distance 1)", "'minilm''s reference recognises the",
+                                       "as its own (mean direction cosine 0.9",
+                                       f"`vecbridge spaces add {space} --dim 384` / POST /v1/spaces"))
+
+    app = create_app(Settings(data_dir=mine["data"], api_keys=KEYS, demo_on_empty=False, log_level="WARNING",
+                              max_batch=1000, max_body_bytes=8_000_000))
+    fit = {"name": "typo", "source_space": "minlm", "target_space": "e5", "method": "procrustes", "paired": True,
+           "source": {"vectors": mi.tolist()}, "target": {"vectors": e5.tolist()}}
+    with TestClient(app) as c:
+        r = c.post("/v1/fits", headers=W, json=fit)
+        assert r.status_code == 422 and words(r.json()["error"]["message"]), r.text
+        assert "source_space" in r.json()["error"]["message"], r.text
+        r = c.post("/v1/steers", headers=W, json={"name": "tone", "space": "MiniLM", "labels": labels,
+                                                  "vectors": mi.tolist()})
+        assert r.status_code == 422 and "space 'minilm' (name distance 0: only case or separators" in r.text, r.text
+        assert "recognises the vectors as its own" in r.text and "vecbridge spaces add MiniLM" in r.text, r.text
+        spaces = c.get("/v1/spaces", headers=R).text
+        assert "minlm" not in spaces and "MiniLM" not in spaces  # nothing created
+    np.save(tmp_path / "mi.npy", mi)
+    np.save(tmp_path / "e5.npy", e5)
+    np.save(tmp_path / "labels.npy", np.array(labels))
+    base = ("fit", "--pairs", "--method", "procrustes", "--source", tmp_path / "mi.npy", "--target",
+            tmp_path / "e5.npy", "--target-space", "e5", "--quiet", "--allow-unreliable", "--source-space")
+    code, out, err = cli(capsys, mine, *base, "minlm", "--name", "typo")
+    assert code == 2 and out == "" and words(err) and "--source-space / source_space" in err, err
+    code, _, err = cli(capsys, mine, "steer", "fit", "--space", "minlm", "--vectors", tmp_path / "mi.npy",
+                       "--labels", tmp_path / "labels.npy", "--name", "tone")
+    assert code == 2 and words(err), err
+    assert "minlm" not in cli(capsys, mine, "spaces", "--json")[1]
+    code, out, err = cli(capsys, mine, *base, "minilm-ft", "--name", "ft-e5")  # a new model's name: no near miss
+    assert code == 0 and "minilm-ft" in cli(capsys, mine, "spaces", "--json")[1], err
+    assert cli(capsys, mine, "spaces", "add", "minlm", "--dim", "384")[0] == 0  # the way to a near name on purpose
+    code, _, err = cli(capsys, mine, *base, "minlm", "--name", "typo")
+    assert code == 0, err

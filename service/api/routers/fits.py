@@ -7,6 +7,7 @@ from fastapi import APIRouter
 from align.exceptions import InputError
 
 from ...ops import maps as map_ops
+from ...ops.embeddings import check_new_side
 from ...ops.unpaired import UNPAIRED, check_unpaired
 from ...spaces import check_fit_spaces
 from ..codec import (
@@ -28,7 +29,9 @@ version), cancel it with `DELETE /v1/jobs/{id}`.
 
 Each side (`source`, `target`) is `vectors` (JSON rows), `vectors_b64` + `dim` (base64
 float32), or `texts` embedded in the job with `encoder` (default: the space's encoder).
-Unknown spaces are registered from the data (dimension of the vectors or of the encoder).
+Unknown spaces are registered from the data (dimension of the vectors or of the encoder), unless the name is a
+near miss of a registered space's (`minlm` for `minilm`) whose reference recognises the rows: a 422 naming it
+(register the new space first, `POST /v1/spaces`, if it is one).
 `paired=true` means row i of source and target are the same item (the paired methods:
 procrustes, ridge, lowrank, auto, contrastive, cluster; the default for them, as in the CLI; with
 `paired=true` name one in `method`, as the CLI's --method: a 422 without, unless two or more `seed_pairs` seed
@@ -121,10 +124,13 @@ def create_fit(body: bytes, request, state, settings):
     _check_seed_pairs(opts.seed_pairs, src.rows, tgt.rows)
     map_ops.check_fit_rows(method, opts.params, src, tgt, seed_pairs=opts.seed_pairs,
                            random_state=opts.random_state)  # rows too few for the params: now, not a failed job
-    if src.X is not None and tgt.X is not None:  # the rows are here: swapped sides and unpaired rows of the other
-        # side's model are a 422 now, as the CLI refuses them, not a failed job (which checks again: the registry
-        # may have changed; its warnings of rows no reference recognises are the job's notes)
+    if src.X is not None and tgt.X is not None:  # the rows are here: swapped sides, unpaired rows of the other
+        # side's model and a new space misspelling a registered one are a 422 now, as the CLI refuses them, not a
+        # failed job (which checks again: the registry may have changed; its unrecognised-rows warnings are notes)
         check_fit_spaces(state.registry, src.X, tgt.X, opts.source_space, opts.target_space, unpaired=rest)
+    else:  # one side is texts (checked in the job, once embedded): the vector side's new space now
+        for side in (src, tgt):
+            check_new_side(state.registry, side, references=lambda s=side: state.space_references(s.X.shape[1]))
     state.metrics.batch_rows.labels("fit").observe(src.rows + tgt.rows)
 
     def job(ctx):
