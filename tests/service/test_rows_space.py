@@ -518,3 +518,33 @@ def test_a_misspelt_new_space_is_refused_by_fits_and_steer_fits_naming_the_space
     assert cli(capsys, mine, "spaces", "add", "minlm", "--dim", "384")[0] == 0  # the way to a near name on purpose
     code, _, err = cli(capsys, mine, *base, "minlm", "--name", "typo")
     assert code == 0, err
+
+
+def test_a_texts_side_of_a_misspelt_space_is_refused_before_its_space_is_registered(world, tmp_path):
+    """A fit's texts side is embedded in the job, which registered its new space from the embeddings before the fit's
+    checks (a known space to them): a misspelt one is refused there now, and left unregistered."""
+    import shutil
+
+    from service.ops.embeddings import FitSide, embed_side
+    from service.registry import open_registry
+    from service.space_names import MisspeltSpaceError
+
+    shutil.copytree(world["data"], tmp_path / "data")
+    mi = np.load(world["minilm"])[3000:3200]
+
+    class Encoder:  # the texts' embeddings: MiniLM rows
+        def encode(self, texts, kind):
+            return mi[: len(texts)]
+
+    data = tmp_path / "data"
+    reg = open_registry(f"sqlite:///{data}/registry.sqlite", data / "artifacts")
+    try:
+        side = FitSide("minlm", "source", texts=[f"t{i}" for i in range(len(mi))], encoder="minilm")
+        with pytest.raises(MisspeltSpaceError, match="near miss of the registered space 'minilm'"):
+            embed_side(reg, lambda name: Encoder(), side)
+        assert "minlm" not in {s.name for s in reg.list_spaces()}
+        side = FitSide("minilm-ft", "source", texts=side.texts, encoder="minilm")  # no near miss: registered
+        assert embed_side(reg, lambda name: Encoder(), side).shape == mi.shape
+        assert "minilm-ft" in {s.name for s in reg.list_spaces()}
+    finally:
+        reg.close()
