@@ -378,9 +378,10 @@ def apply_stream_ray(map_, chunks: Iterable[np.ndarray], *, output: str = "raw",
 
 def _transform_file(map_bytes: bytes, src: str, dst: str, output: str, batch_size: int) -> dict:
     m = map_from_bytes(map_bytes)
-    n = count_rows(src)  # read as ``vecbridge transform`` reads it (np.load of a .npz crashed on its NpzFile)
+    # read as ``vecbridge transform`` reads it (np.load of a .npz crashed on its NpzFile)
+    n = count_rows(src, key_option=None)
     with MappedWriter(src, dst, dim=m.target_dim, n_rows=n, batch_rows=batch_size) as w:  # renamed into place
-        for X in iter_chunks(src, chunk_rows=batch_size):  # or removed on an error
+        for X in iter_chunks(src, chunk_rows=batch_size, key_option=None):  # or removed on an error
             if X.shape[1] != m.source_dim:
                 raise DimensionMismatchError(f"{src}: expected (n, {m.source_dim}), got {X.shape[1]}-d rows")
             w.write(m.apply(X, output=output))
@@ -394,11 +395,12 @@ def transform_files_ray(map_, inputs: Sequence, out_dir, *, output: str = "raw",
 
     ``map_``: a map of any kind (LinearMap, ClusterMap, MapChain), artifact path or registry ref. Files are read as
     ``vecbridge transform`` reads them (:func:`service.io.iter_chunks`: ``.npy`` / ``.fvecs`` memory-mapped, a
-    ``.npz``'s first array read whole, a ``.parquet``'s first list column). Each task streams its file in blocks of
-    ``batch_size`` rows (memory: one block in, one block out) and renames a finished temporary file into place, so a
-    crashed job leaves no half-written output. ``use_ray=False`` runs the same tasks in this process. Returns one
-    dict per file (input, output, rows, note: a parquet's columns an .npy output left out; ``.parquet`` keeps them).
-    Inputs writing one output (``a/part.npy``, ``b/part.npy``), or an output that is an input: InputError first.
+    ``.npz``'s one array read whole (several arrays of rows: refused), a ``.parquet``'s first list column). Each
+    task streams its file in blocks of ``batch_size`` rows (memory: one block in, one block out) and renames a
+    finished temporary file into place, so a crashed job leaves no half-written output. ``use_ray=False`` runs the
+    same tasks in this process. Returns one dict per file (input, output, rows, note: a parquet's columns an .npy
+    output left out; ``.parquet`` keeps them). Inputs writing one output (``a/part.npy``, ``b/part.npy``), or an
+    output that is an input: InputError first.
     """
     from service.vectordb.migrate import resolve_map
 

@@ -4,7 +4,7 @@ Formats (by suffix):
 
 ==============  ===============================================================================
 ``.npy``        one 2-D array; read through a memory map, so ``rows`` slices cost only those rows
-``.npz``        the first array, or ``key``
+``.npz``        ``key``, else the first array (an archive of several arrays of rows: refused, name one)
 ``.fvecs``      FAISS/TEXMEX: each row is ``int32 d`` then ``d`` float32; memory-mapped
 ``.parquet``    one list column (``column``, else the first list of floats, else of numbers), one row per vector
 ``.txt``        one text per line (a blank line is refused)      → embedded with ``encoder``
@@ -170,36 +170,50 @@ def fvecs_matrix(path: Path, *, check_rows: bool = True) -> np.ndarray:
     return mat.view("<f4")[:, 1:]
 
 
-def npz_array(path: Path, key: str | None) -> np.ndarray:
-    """One array of a ``.npz``; its header is checked against the member's size before anything is decoded,
-    so a corrupt archive, an object dtype or a shape larger than the data is a FormatError, never an allocation."""
+def npz_array(path: Path, key: str | None, key_option: str | None = "--key") -> np.ndarray:
+    """One array of a ``.npz``: ``key``, else the first, unless the archive holds more than one array of rows (2-D):
+    which is meant is then not guessed (``np.savez('pairs.npz', minilm=M, e5=E)`` given as both the source and the
+    target of a fit took ``minilm`` for both, registered as minilm -> e5); the error names the arrays and
+    ``key_option``, the option that names one (None: the input has none). Headers are checked against the member's
+    size before anything is decoded, so a corrupt archive, an object dtype or a shape larger than the data is a
+    FormatError, never an allocation."""
     import zipfile
     import zlib
 
     from numpy.lib import format as npf
+
+    def header(zf, name: str) -> tuple:
+        with zf.open(zf.getinfo(name + ".npy")) as fh:
+            version = npf.read_magic(fh)
+            read_header = npf.read_array_header_1_0 if version == (1, 0) else npf.read_array_header_2_0
+            shape, _, dtype = read_header(fh)
+        return shape, dtype
 
     try:
         with zipfile.ZipFile(path) as zf:
             files = [n[:-4] for n in zf.namelist() if n.endswith(".npy")]
             if not files:
                 raise FormatError(f"{path.name}: the .npz holds no arrays")
+            if key is None and len(files) > 1 and len(rows := [f for f in files if len(header(zf, f)[0]) == 2]) > 1:
+                raise FormatError(f"{path.name}: the .npz holds {len(rows)} arrays of rows ({', '.join(rows)}): "
+                                  + (f"name the one to read with {key_option}" if key_option else
+                                     "this input reads one array; save the one meant on its own (numpy.save, a .npy)"))
             key = files[0] if key is None else key
             if key not in files:
                 raise FormatError(f"{path.name}: no array {key!r} (has {', '.join(files)})")
-            info = zf.getinfo(key + ".npy")
-            with zf.open(info) as fh:
-                version = npf.read_magic(fh)
-                read_header = npf.read_array_header_1_0 if version == (1, 0) else npf.read_array_header_2_0
-                shape, _, dtype = read_header(fh)
+            shape, dtype = header(zf, key)
+            size = zf.getinfo(key + ".npy").file_size
             if dtype.hasobject:
                 raise FormatError(f"{path.name}: array {key!r} holds Python objects; need numbers")
             if len(shape) != 2:  # ids saved before the vectors: "expected a 2-D array" named neither array nor --key
-                raise FormatError(f"{path.name}: array {key!r} has shape {shape}, not (n_rows, dim) vectors; name "
-                                  f"the array of vectors with --key (arrays: {', '.join(files)})")
+                raise FormatError(f"{path.name}: array {key!r} has shape {shape}, not (n_rows, dim) vectors; "
+                                  + (f"name the array of vectors with {key_option}" if key_option else
+                                     "save the array of vectors on its own (numpy.save, a .npy)")
+                                  + f" (arrays: {', '.join(files)})")
             need = int(np.prod(shape, dtype=object)) * dtype.itemsize
-            if need > info.file_size:
+            if need > size:
                 raise FormatError(f"{path.name}: array {key!r} claims shape {shape} ({need} bytes) "
-                                  f"but holds {info.file_size} bytes (truncated or corrupt)")
+                                  f"but holds {size} bytes (truncated or corrupt)")
         with np.load(path, allow_pickle=False) as z:
             return z[key]
     except FormatError:
@@ -262,8 +276,10 @@ def _suffix(path: Path, key: str | None = None, column: str | None = None) -> st
     return suf
 
 
-def count_rows(path, *, key: str | None = None, column: str | None = None, text_field: str = "text") -> int:
-    """Number of rows (vectors, or texts) in a file without loading its data."""
+def count_rows(path, *, key: str | None = None, column: str | None = None, text_field: str = "text",
+               key_option: str | None = "--key") -> int:
+    """Number of rows (vectors, or texts) in a file without loading its data; ``key_option``: as
+    :func:`read_vectors`'s."""
     path = Path(path)
     suf = _suffix(path, key, column)
     if suf == ".npy":
@@ -271,7 +287,7 @@ def count_rows(path, *, key: str | None = None, column: str | None = None, text_
     if suf == ".fvecs":
         return int(fvecs_matrix(path).shape[0])
     if suf == ".npz":
-        return _n_rows(npz_array(path, key), path)
+        return _n_rows(npz_array(path, key, key_option), path)
     if suf == ".parquet":
         return int(parquet_file(path, column)[0].metadata.num_rows)
     if suf in TEXT_SUFFIXES:
@@ -293,7 +309,8 @@ def read_texts(path, *, rows=None, text_field: str = "text", check_text: bool = 
 def read_vectors(path, *, rows=None, key: str | None = None, column: str | None = None,
                  encoder: str | None = None, kind: str = "passage", text_field: str = "text",
                  batch_size: int = 64, progress: Callable[[float], None] | None = None,
-                 encoder_option: str | None = "--encoder", finite: bool = True) -> np.ndarray:
+                 encoder_option: str | None = "--encoder", finite: bool = True,
+                 key_option: str | None = "--key") -> np.ndarray:
     """Read rows ``[start, stop)`` of a vector file, or embed a text file with ``encoder``.
 
     Returns float32 ``(n, d)``, C-contiguous and writable by the caller. Raises FormatError / InputError on bad
@@ -302,6 +319,8 @@ def read_vectors(path, *, rows=None, key: str | None = None, column: str | None 
     costs no 1.5 GB of private memory (the file must not be truncated while the rows are in use).
     ``encoder_option``: the option that names the encoder of a text file (None: the input takes vectors only).
     ``finite=False``: rows of a vector file with NaN / Inf are left for the caller to refuse (a keep set names them).
+    ``key_option``: the option that names a ``.npz``'s array (None: the input has none), named by the error of an
+    archive of several arrays of rows read without ``key``.
     """
     from align.validation import as_matrix
 
@@ -317,7 +336,7 @@ def read_vectors(path, *, rows=None, key: str | None = None, column: str | None 
     if suf == ".npy":
         M = load_npy(path, mmap_mode="c")
     elif suf == ".npz":
-        M = npz_array(path, key)
+        M = npz_array(path, key, key_option)
     elif suf == ".fvecs":
         M = fvecs_matrix(path)
     elif suf == ".parquet":
@@ -382,9 +401,10 @@ def select_rows(M: np.ndarray, sl: slice | None, path: Path, *, finite: bool = T
 
 def iter_chunks(path, *, chunk_rows: int = 65536, rows=None, key: str | None = None, column: str | None = None,
                 encoder: str | None = None, kind: str = "passage", text_field: str = "text",
-                encoder_option: str | None = "--encoder") -> Iterator[np.ndarray]:
+                encoder_option: str | None = "--encoder", key_option: str | None = "--key") -> Iterator[np.ndarray]:
     """Yield float32 blocks of at most ``chunk_rows`` rows; only one block is held at a time. ``encoder_option``: the
-    option that names the encoder of a text file (None: the input takes vectors only), for the error without one."""
+    option that names the encoder of a text file (None: the input takes vectors only), for the error without one;
+    ``key_option`` as :func:`read_vectors`'s."""
     path = Path(path)
     suf = _suffix(path, key, column)
     if isinstance(rows, str):
@@ -394,7 +414,7 @@ def iter_chunks(path, *, chunk_rows: int = 65536, rows=None, key: str | None = N
     if isinstance(rows, np.ndarray) and suf in VECTOR_SUFFIXES and not encoder:  # the file read once, not per chunk
         from .listed_rows import listed_chunks
 
-        yield from listed_chunks(path, rows, chunk_rows, suf, key=key, column=column)
+        yield from listed_chunks(path, rows, chunk_rows, suf, key=key, column=column, key_option=key_option)
         return
     if suf == ".parquet" and not encoder:
         from align.validation import as_matrix
@@ -433,7 +453,7 @@ def iter_chunks(path, *, chunk_rows: int = 65536, rows=None, key: str | None = N
         for s in range(0, len(texts), chunk_rows):
             yield _embed(path, texts[s : s + chunk_rows], encoder, kind)
         return
-    X = read_vectors(path, rows=rows, key=key, column=column, encoder=encoder)  # .npz: no partial reads
+    X = read_vectors(path, rows=rows, key=key, column=column, encoder=encoder, key_option=key_option)  # .npz: whole
     for s in range(0, X.shape[0], chunk_rows):
         yield X[s : s + chunk_rows]
 

@@ -69,7 +69,7 @@ class RowGroups:
 
 
 def listed_chunks(path: Path, rows: np.ndarray, chunk_rows: int, suf: str, *, key: str | None = None,
-                  column: str | None = None) -> Iterator[np.ndarray]:
+                  column: str | None = None, key_option: str | None = "--key") -> Iterator[np.ndarray]:
     """Float32 blocks of rows ``rows`` (indices, in that order) of the vector file ``path`` (suffix ``suf``: .npy,
     .npz, .fvecs or .parquet), at most ``chunk_rows`` a block; every index is checked before the first block."""
     from align.validation import as_matrix
@@ -83,7 +83,7 @@ def listed_chunks(path: Path, rows: np.ndarray, chunk_rows: int, suf: str, *, ke
             yield as_matrix(arrow_lists_to_matrix(table.column(col), path, rows[s : s + chunk_rows]),
                             name=path.name, rows_at=rows[s : s + chunk_rows])
         return
-    M = load_npy(path, mmap_mode="c") if suf == ".npy" else npz_array(path, key) if suf == ".npz" else \
+    M = load_npy(path, mmap_mode="c") if suf == ".npy" else npz_array(path, key, key_option) if suf == ".npz" else \
         fvecs_matrix(path)  # a .fvecs's rows checked here, once
     if M.ndim != 2:
         select_rows(M, None, path)  # raises the ShapeError for a 0-d / 1-d / 3-d array

@@ -455,7 +455,9 @@ file_rows_opts = _stack(
     click.option("--rows", type=ROWS, default=None,
                  help="START:STOP rows of INP (negative counts from the end), or a file of row indices (the .npy "
                       "`plan --rows-out` writes; .json or text): those rows, in that order."),
-    click.option("--key", default=None, help=".npz array name of INP (default: its first array)."),
+    click.option("--key", default=None,
+                 help=".npz array name of INP (default: its first array; an archive of several arrays of vectors must "
+                      "name one)."),
     click.option("--column", default=None,
                  help="Parquet list column of INP (default: the first list of floats, else of numbers)."),
 )
@@ -495,10 +497,12 @@ def read_pair(o: dict, progress, stream=None):
     tgt_rows = o["rows"] if o["target_rows"] is None else o["target_rows"]
     X = stream.X if stream else read_vectors(
         o["source"], rows=src_rows, key=o["source_key"], column=o["source_column"], encoder=o["source_encoder"],
-        text_field=o["text_field"], encoder_option="--source-encoder", progress=lambda f: progress("embed source", f))
+        text_field=o["text_field"], encoder_option="--source-encoder", key_option="--source-key",
+        progress=lambda f: progress("embed source", f))
     Y = stream.Y if stream else read_vectors(
         o["target"], rows=tgt_rows, key=o["target_key"], column=o["target_column"], encoder=o["target_encoder"],
-        text_field=o["text_field"], encoder_option="--target-encoder", progress=lambda f: progress("embed target", f))
+        text_field=o["text_field"], encoder_option="--target-encoder", key_option="--target-key",
+        progress=lambda f: progress("embed target", f))
     inputs = {"source": {"path": str(Path(o["source"]).resolve()), "rows": rows_record(src_rows),
                          "encoder": o["source_encoder"], "shape": list(X.shape)},
               "target": {"path": str(Path(o["target"]).resolve()), "rows": rows_record(tgt_rows),
@@ -566,7 +570,7 @@ def read_relevant(path: str, n: int, *, queries: str | None = None, rows: str | 
         raise InputError(f"{p.name}: relevant rows must be one integer per query, got shape {rel.shape} "
                          f"dtype {rel.dtype}")
     if rows is not None and queries is not None and rel.shape[0] != n:
-        total = count_rows(queries)
+        total = count_rows(queries, key_option=None)
         if rel.shape[0] == total:
             rel = rel[resolve_rows(parse_rows(rows), total, queries)]
         else:

@@ -202,7 +202,7 @@ def _read_unpaired(unpaired: dict[str, tuple], d_s: int, d_t: int, inputs: dict)
     arrays, names = {}, {}
     for key, (path, rows) in unpaired.items():
         names[key] = f"--unpaired-{key.split('_')[1]} {Path(path).name}"
-        arrays[key] = read_vectors(path, rows=rows, encoder_option=None)
+        arrays[key] = read_vectors(path, rows=rows, encoder_option=None, key_option=None)
     out = check_unpaired((d_s, d_t), names, **arrays)
     for key, (path, rows) in unpaired.items():
         inputs[key] = {"path": str(Path(path).resolve()), "rows": rows_record(rows), "shape": list(out[key].shape)}
@@ -340,17 +340,17 @@ def eval_cmd(obj: Ctx, ref, min_top1, min_retention, queries_path, queries_rows,
         close()
     Q = rel = Qo = None
     if queries_path is not None:
-        Q = read_vectors(queries_path, rows=queries_rows, encoder_option=None)
+        Q = read_vectors(queries_path, rows=queries_rows, encoder_option=None, key_option=None)
         rel = read_relevant(relevant_path, Q.shape[0], queries=queries_path, rows=queries_rows)
     if old_queries_path is not None:
         if Q is None:
             raise InputError("--old-queries is the baseline of labelled queries: give --queries and --relevant too")
-        Qo = read_vectors(old_queries_path, rows=queries_rows, encoder_option=None)
+        Qo = read_vectors(old_queries_path, rows=queries_rows, encoder_option=None, key_option=None)
     C = None
     if old_corpus_path is not None:  # checked before the corpus is read: its needs are the other options'
         check_old_corpus(old_corpus_path, Q, Qo, side, csls_weight if csls else None,
                          ("--old-corpus", "--queries", "--relevant", "--old-queries", "--side", "--csls"))
-        C = read_vectors(old_corpus_path, rows=old_corpus_rows, encoder_option=None)
+        C = read_vectors(old_corpus_path, rows=old_corpus_rows, encoder_option=None, key_option=None)
     elif old_corpus_rows is not None:
         raise InputError("--old-corpus-rows selects rows of --old-corpus: give --old-corpus too")
     with warnings.catch_warnings(record=True) as caught:  # align's warnings as vecbridge: warning: lines
@@ -486,12 +486,12 @@ def plan_cmd(obj: Ctx, old, old_rows, probe_source, probe_target, probe_rows, ta
         check_not_input(rows_out, "--rows-out", old, probe_source, probe_target, queries_path, old_queries_path,
                         relevant_path)
         check_writable(rows_out, "--rows-out")
-    X_old = read_vectors(old, rows=old_rows, encoder_option=None)
-    A = read_vectors(probe_source, rows=probe_rows, encoder_option=None)
-    B = read_vectors(probe_target, rows=probe_rows, encoder_option=None)
+    X_old = read_vectors(old, rows=old_rows, encoder_option=None, key_option=None)
+    A = read_vectors(probe_source, rows=probe_rows, encoder_option=None, key_option=None)
+    B = read_vectors(probe_target, rows=probe_rows, encoder_option=None, key_option=None)
     Q = Qo = rel = None
     if all(given):
-        Q, Qo = (read_vectors(p, encoder_option=None) for p in (queries_path, old_queries_path))
+        Q, Qo = (read_vectors(p, encoder_option=None, key_option=None) for p in (queries_path, old_queries_path))
         rel = read_relevant(relevant_path, Q.shape[0])
     progress, close = progress_bar(quiet=quiet, as_json=as_json)
     try:
@@ -503,7 +503,7 @@ def plan_cmd(obj: Ctx, old, old_rows, probe_source, probe_target, probe_rows, ta
     picked = np.arange(X_old.shape[0])
     if old_rows is not None:  # the plan numbers the rows it was given: rows_to_embed index --old itself (as
         # --rows-out says); --old-rows a START:STOP range or a file of row indices alike
-        picked = np.arange(count_rows(old))[resolve_rows(parse_rows(old_rows), count_rows(old), old)]
+        picked = np.arange(n := count_rows(old, key_option=None))[resolve_rows(parse_rows(old_rows), n, old)]
         res["rows_to_embed"] = [int(picked[i]) for i in res["rows_to_embed"]]
     # every row of the plan's corpus: not listed in the JSON (1M rows made 7.9 MB), written by --rows-out only
     rows = picked if res.get("rows_to_embed_all") else res["rows_to_embed"]

@@ -143,7 +143,7 @@ def steer_fit(obj: Ctx, space, vectors, texts, encoder, text_field, labels, name
         raise click.UsageError("give --vectors or --texts")
     reg = obj.registry
     items = read_texts(texts, text_field=text_field) if texts else None
-    X = read_vectors(vectors, encoder_option=None) if vectors else None
+    X = read_vectors(vectors, encoder_option=None, key_option=None) if vectors else None
     _, encoder = space_for_rows(reg, get_encoder, space, texts=X is None, encoder=encoder)
     n = len(items) if X is None else X.shape[0]
     if items is not None and len(items) != n:
@@ -260,7 +260,7 @@ def steer_lens_cmd(obj: Ctx, ref, texts, vectors, encoder, k, directions, as_jso
         items = read_texts(texts)
         registered = reg.get_space(info.space).encoder
         if vectors:
-            X = read_vectors(vectors, encoder_option=None)
+            X = read_vectors(vectors, encoder_option=None, key_option=None)
         else:
             X = read_vectors(texts, encoder=(encoder := steer_text_encoder(reg, info.space, encoder)))
         if vectors or not registered:  # the space's own encoder embeds its rows; vectors, another may be anyone's

@@ -189,7 +189,8 @@ def _kept_rows(inp, rows, keep_rows, keep_vectors, dim: int, *, key=None, column
     want = resolve_rows(parse_rows(keep_rows), total, inp, what="--keep-rows")
     want = np.arange(want.start, want.stop) if isinstance(want, slice) else np.asarray(want, dtype=np.int64)
     # the migration's checker (a zero vector was refused only when its chunk came, the output half written)
-    want, Y = check_keep(want, read_vectors(keep_vectors, encoder_option=None, finite=False), dim,
+    Y = read_vectors(keep_vectors, encoder_option=None, key_option=None, finite=False)  # check_keep names NaN rows
+    want, Y = check_keep(want, Y, dim,
                          vectors_name=f"the keep vectors ({Path(keep_vectors).name})",
                          ids_name="the keep rows (--keep-rows)", id_word="input row")
     sel = resolve_rows(parse_rows(rows), total, inp)

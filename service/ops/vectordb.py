@@ -336,7 +336,8 @@ def read_keep(keep_ids, keep_vectors, what: str) -> tuple:
     if isinstance(keep_vectors, (str, Path)):
         from ..io import read_vectors
 
-        keep_vectors = read_vectors(keep_vectors, encoder_option=None, finite=False)  # check_keep names NaN rows
+        # check_keep names NaN rows
+        keep_vectors = read_vectors(keep_vectors, encoder_option=None, key_option=None, finite=False)
     return keep_ids, keep_vectors
 
 

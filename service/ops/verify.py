@@ -117,7 +117,7 @@ def run_verify(*, store_url: str, collection: str, encoder: str | None = None, h
 
         if map_ref is None:
             raise InputError("a held-out check needs --map")
-        X_Y = tuple(read_vectors(p, rows=heldout_rows, encoder_option=None) for p in heldout)
+        X_Y = tuple(read_vectors(p, rows=heldout_rows, encoder_option=None, key_option=None) for p in heldout)
     store = open_store_for(store_url, id_field=id_field, vector_field=vector_field, text_field=text_field,
                            api_key=api_key, ca_file=ca_file)
     report = _reporter(progress, cancelled)

@@ -71,8 +71,10 @@ def test_npz_key_and_parquet_column(tmp_path):
 
     a, b = np.ones((4, 2), np.float32), np.zeros((3, 5), np.float32)
     np.savez(tmp_path / "two.npz", a=a, b=b)
-    assert read_vectors(tmp_path / "two.npz").shape == (4, 2)
+    assert read_vectors(tmp_path / "two.npz", key="a").shape == (4, 2)  # two arrays of rows: key= names one
     assert read_vectors(tmp_path / "two.npz", key="b").shape == (3, 5)
+    np.savez(tmp_path / "one.npz", a=a)
+    assert read_vectors(tmp_path / "one.npz").shape == (4, 2)  # one array: it is taken
     with pytest.raises(FormatError, match="no array"):
         read_vectors(tmp_path / "two.npz", key="c")
     table = pa.table({"id": [1, 2, 3], "emb": [[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]], "other": [[0.0], [1.0], [2.0]]})
@@ -689,3 +691,52 @@ def test_only_the_selected_texts_are_checked_and_named_by_their_place_in_the_fil
             with pytest.raises(FormatError, match=rf"^{name}: {re.escape(where)} holds no text"):
                 read_texts(p, rows=parse_rows(rows))
         assert read_texts(p, check_text=False)[2] == "\u200b"  # for a tokenizer that keeps it (lm steer-fit)
+
+
+def test_a_npz_of_several_arrays_of_rows_is_not_read_without_a_key(tmp_path):
+    """QA (session 55): ``np.savez('pairs.npz', minilm=M, e5=E)`` then ``fit --source pairs.npz --target pairs.npz``
+    took the first array for both sides (minilm onto minilm, train_top1 1.0, registered as minilm -> e5). An archive
+    of more than one 2-D array read without a key is refused by every reader, naming its arrays and the option that
+    picks one (an input with none: say so); ids beside one array of vectors keep their own error."""
+    rng = np.random.default_rng(0)
+    M, E = rng.normal(size=(20, 4)).astype(np.float32), rng.normal(size=(20, 6)).astype(np.float32)
+    p = tmp_path / "pairs.npz"
+    np.savez(p, minilm=M, e5=E)
+    for read in (read_vectors, count_rows, lambda p: list(iter_chunks(p, chunk_rows=8)),
+                 lambda p: list(iter_chunks(p, chunk_rows=8, rows=np.array([3, 1])))):
+        with pytest.raises(FormatError, match=r"^pairs.npz: the .npz holds 2 arrays of rows \(minilm, e5\): name the "
+                                              r"one to read with --key$"):
+            read(p)
+    with pytest.raises(FormatError, match="with --source-key$"):
+        read_vectors(p, key_option="--source-key")
+    with pytest.raises(FormatError, match=r"this input reads one array; save the one meant on its own \(numpy.save"):
+        read_vectors(p, key_option=None)
+    np.testing.assert_array_equal(read_vectors(p, key="e5"), E)
+    assert count_rows(p, key="e5") == 20
+    np.savez(tmp_path / "ids.npz", ids=np.arange(20), vectors=M)  # one array of rows: as before
+    with pytest.raises(FormatError, match=r"array 'ids' has shape \(20,\), not \(n_rows, dim\) vectors; name the "
+                                          r"array of vectors with --key"):
+        read_vectors(tmp_path / "ids.npz")
+
+
+def test_fit_and_eval_refuse_one_npz_of_both_models_without_keys(tmp_path, capsys):
+    """The fit of a closed-form family (which streams two .npy files) and eval read an archive through --source-key
+    / --target-key; without them each side is refused, naming its own option, and nothing is registered."""
+    from conftest import run_cli
+
+    rng = np.random.default_rng(0)
+    M = rng.normal(size=(40, 8))
+    np.savez(tmp_path / "pairs.npz", minilm=M, e5=M @ np.linalg.qr(rng.normal(size=(8, 8)))[0])
+    io = ("--source", tmp_path / "pairs.npz", "--target", tmp_path / "pairs.npz")
+    fit = ("--data-dir", tmp_path / "var", "fit", "--pairs", *io, "--method", "procrustes", "--name", "m", "--quiet")
+    code, _, err = run_cli(capsys, *fit)
+    assert code == 2 and err.strip() == ("vecbridge: error: pairs.npz: the .npz holds 2 arrays of rows (minilm, e5): "
+                                         "name the one to read with --source-key"), err
+    code, _, err = run_cli(capsys, *fit, "--source-key", "minilm")
+    assert code == 2 and err.strip().endswith("name the one to read with --target-key"), err
+    code, out, err = run_cli(capsys, "--data-dir", tmp_path / "var", "registry", "list", "--json")
+    assert code == 0 and json.loads(out)["maps"] == [], out
+    code, out, err = run_cli(capsys, *fit, "--source-key", "minilm", "--target-key", "e5")
+    assert code == 0, err
+    code, _, err = run_cli(capsys, "--data-dir", tmp_path / "var", "eval", "--map", "m", *io, "--quiet")
+    assert code == 2 and err.strip().endswith("name the one to read with --source-key"), err
