@@ -338,6 +338,8 @@ def eval_cmd(obj: Ctx, ref, min_top1, min_retention, queries_path, queries_rows,
         X, Y, _ = read_pair(io_opts, progress)
     finally:
         close()
+    sides = tuple(_read_as(io_opts[end], io_opts["rows"] if io_opts[f"{end}_rows"] is None else io_opts[f"{end}_rows"])
+                  for end in ("source", "target"))  # the error of unequal row counts names the files and rows read
     Q = rel = Qo = None
     if queries_path is not None:
         Q = read_vectors(queries_path, rows=queries_rows, encoder_option=None, key_option=None)
@@ -358,7 +360,7 @@ def eval_cmd(obj: Ctx, ref, min_top1, min_retention, queries_path, queries_rows,
         res = evaluate_map(obj.registry, ref, X, Y, csls=csls, min_top1=min_top1, min_retention=min_retention,
                            record=record, queries=Q, relevant=rel, side=side, old_queries=Qo,
                            csls_weight=csls_weight, max_queries=max_queries, random_state=random_state,
-                           old_corpus=C)
+                           old_corpus=C, sides=sides)
     for line in dict.fromkeys(str(w.message).splitlines()[0] for w in caught
                               if issubclass(w.category, VecbridgeWarning)
                               and "undefined (NaN)" not in str(w.message)):  # the figures below say "undefined"
@@ -431,6 +433,18 @@ def eval_cmd(obj: Ctx, ref, min_top1, min_retention, queries_path, queries_rows,
     emit(res, as_json, text)
     if res.get("result") == "FAIL":
         sys.exit(1)
+
+
+def _read_as(path, rows) -> str:
+    """``x.npy``, ``x.npy rows 0:40`` or ``x.npy rows listed in rows.npy``: a file and its rows as an error names
+    them."""
+    name = Path(path).name
+    if rows is None:
+        return name
+    if isinstance(rows, str):
+        return f"{name} rows {rows}"
+    source = getattr(rows, "source", None)  # the rows file ROWS read
+    return f"{name} rows listed in {Path(source).name}" if source else f"{name}, listed rows"
 
 
 @click.command("plan")

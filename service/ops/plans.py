@@ -32,7 +32,7 @@ import json
 import numpy as np
 
 import align
-from align.exceptions import InputError
+from align.exceptions import InputError, PairCountError
 from align.frames import unit_rows
 from align.retrieval import CHANCE_LEVEL, chance_p_value, expected_hits
 from align.validation import distinct_pairs
@@ -351,8 +351,9 @@ def evaluate_map(registry, ref: str, X: np.ndarray, Y: np.ndarray, *, csls: bool
                  min_top1: float | None = None, min_retention: float | None = None, record: bool = False,
                  queries=None, relevant=None, side: str = "target", old_queries=None,
                  csls_weight: float = CSLS_WEIGHT, max_queries: int | None = EVAL_MAX_QUERIES,
-                 random_state=0, old_corpus=None) -> dict:
-    """Scores of the registered map ``ref`` on held-out pairs ``X`` (n, d_s) <-> ``Y`` (n, d_t).
+                 random_state=0, old_corpus=None, sides: tuple[str, str] = ("source", "target")) -> dict:
+    """Scores of the registered map ``ref`` on held-out pairs ``X`` (n, d_s) <-> ``Y`` (n, d_t); ``sides``: what the
+    error of unequal row counts calls the two (the CLI: files and rows; HTTP: its fields), said as a fit says it.
 
     Keys: those of :func:`align.evaluate` (its ``cos`` is in the target's centred frame), ``cos_raw`` (the
     mean cosine of the map's raw output, what ``transform`` writes, with the native target rows),
@@ -384,6 +385,9 @@ def evaluate_map(registry, ref: str, X: np.ndarray, Y: np.ndarray, *, csls: bool
     for what, gate in (("min_top1", min_top1), ("min_retention", min_retention)):
         if gate is not None and not 0.0 <= gate <= 1.0:  # NaN too: a gate no figure can pass or fail honestly
             raise InputError(f"{what} must be a number in [0, 1], got {gate}")
+    if np.ndim(X) == 2 and np.ndim(Y) == 2 and np.shape(X)[0] != np.shape(Y)[0]:  # align named X_src and Y_tgt
+        raise PairCountError(f"eval needs as many source rows as target rows (held-out pairs: row i of each is one "
+                             f"item), got {np.shape(X)[0]} ({sides[0]}) and {np.shape(Y)[0]} ({sides[1]})")
     v = registry.resolve(ref)
     m = registry.load_map(v)
     notes = check_eval_spaces(v, m, X, Y)

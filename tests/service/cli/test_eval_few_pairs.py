@@ -92,3 +92,28 @@ def test_a_fit_of_a_handful_of_pairs_does_not_warn_about_its_training_recall(tmp
         reg.close()
     assert metrics["train_n_candidates"] == 8 and np.isnan(metrics["train_recall@10"])
     assert 0.0 <= metrics["train_recall@5"] <= 1.0
+
+
+def test_unequal_row_counts_are_said_as_fit_says_them_naming_the_files(fitted, capsys):
+    """QA (session 55): eval of 50 source rows and 40 target rows said "X_src and Y_tgt must have the same number of
+    rows (paired)", align's internal names; fit says "as many source rows as target rows". Now eval too, naming the
+    files and rows read (HTTP: its fields)."""
+    from _api_support import R, settings_for, vectors_b64
+    from fastapi.testclient import TestClient
+
+    from service.api import create_app
+
+    tmp_path, d = fitted
+    code, _, err = _eval(capsys, tmp_path, d, "many", "--target-rows", "0:40")
+    assert code == 2 and err.strip() == ("vecbridge: error: eval needs as many source rows as target rows (held-out "
+                                         "pairs: row i of each is one item), got 50 (x_many.npy) and 40 (y_many.npy "
+                                         "rows 0:40)"), err
+    np.save(tmp_path / "rows.npy", np.arange(30))
+    code, _, err = _eval(capsys, tmp_path, d, "many", "--source-rows", tmp_path / "rows.npy")
+    assert code == 2 and err.strip().endswith("got 30 (x_many.npy rows listed in rows.npy) and 50 (y_many.npy)"), err
+    x, y = np.load(tmp_path / "x_many.npy"), np.load(tmp_path / "y_many.npy")
+    with TestClient(create_app(settings_for(tmp_path / "svc", data_dir=tmp_path / "var"))) as c:
+        r = c.post("/v1/maps/m/evaluate", headers=R, json={"source": vectors_b64(x), "target": vectors_b64(y[:40])})
+        assert r.status_code == 422, r.text
+        assert r.json()["error"]["message"].startswith("eval needs as many source rows as target rows"), r.text
+        assert r.json()["error"]["message"].endswith("got 50 (source) and 40 (target)"), r.text
