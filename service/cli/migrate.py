@@ -73,7 +73,8 @@ def migrate(obj: Ctx, store, text_field, vector_field, id_field, source, target,
     # absolute, as printed (the report, a stop's line): a path relative to this directory is lost from any other
     ckpt = (Path(checkpoint) if checkpoint else default_checkpoint(obj.settings.data_dir, source, target)).resolve()
     if status_only:
-        st = checkpoint_status(ckpt, store or obj.settings.vectordb_url)  # its engine only: nothing is opened
+        # nothing is opened; the resume command names the store given (it printed "--store STORE")
+        st = checkpoint_status(ckpt, store or obj.settings.vectordb_url, store_in_command=True)
         eta = f", ETA {st['eta_s']:.0f}s at {st['rows_per_s']} rows/s" if st["eta_s"] is not None else ""
         on = f" on {st['engine']}" if st.get("engine") else ""  # a checkpoint of an older release records none
         emit(st, as_json, f"{st['source']} -> {st['target']}{on}: {st['done']}/{st['total']} rows "

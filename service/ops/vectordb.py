@@ -349,7 +349,7 @@ def stopped_by(exc: MigrationInterrupted) -> tuple[str, int]:
     return word, (128 + signum if signum else exit_code(exc))
 
 
-def checkpoint_status(checkpoint, store_url: str | None = None) -> dict:
+def checkpoint_status(checkpoint, store_url: str | None = None, *, store_in_command: bool = False) -> dict:
     """What a checkpoint says (a file's path, or a :class:`~service.vectordb.Checkpoint`: a ``PgCheckpoint``, whose
     run is judged by its advisory lock from any host): rows done of total, last id, finished, ``state`` (running,
     stopped, interrupted or finished), the rate of the last run (its rows over its own time, not the time between
@@ -364,7 +364,10 @@ def checkpoint_status(checkpoint, store_url: str | None = None) -> dict:
     records (``milvus``, ``pgvector``, ``qdrant``; None in a checkpoint of a release that recorded none): on Milvus or
     Qdrant the command leaves out an ``--index`` an older release recorded there (refused now, and ignored then).
     ``store_url``: the store the run is on where the caller knows it (``--store``, the configured one; only its scheme
-    is read), which tells that of a checkpoint without ``engine``."""
+    is read), which tells that of a checkpoint without ``engine``; ``store_in_command``: the resume command names it
+    (the CLI's ``--status``, given the store by ``--store`` or the environment, as :func:`~service.urls.safe_url`
+    shows it: a password ``***``, the note saying how to give it), else ``STORE`` (HTTP: a server's endpoints stay
+    hidden; the checkpoint records no store)."""
     ckpt = checkpoint if isinstance(checkpoint, Checkpoint) else FileCheckpoint(checkpoint)
     file = isinstance(ckpt, FileCheckpoint)
     # a file's path made absolute: the resume command (and a path copied from the status) may be run elsewhere
@@ -385,8 +388,9 @@ def checkpoint_status(checkpoint, store_url: str | None = None) -> dict:
             "rows_per_s": None if rate is None else round(rate, 1), "eta_s": None if eta is None else round(eta, 1),
             "updated_at": updated or state.get("finished_at"), "holder": state.get("holder"), "why": why,
             "engine": state.get("engine"),
-            "resume": None if state.get("finished") or not file else _resume_command(state, where, store_url),
-            "resume_note": None if state.get("finished") else _resume_note(state, file, store_url),
+            "resume": None if state.get("finished") or not file else _resume_command(
+                state, where, store_url, store_in_command),
+            "resume_note": None if state.get("finished") else _resume_note(state, file, store_url, store_in_command),
             **_keep_status(state)}
 
 
@@ -447,18 +451,20 @@ def _index_of(state: dict, store_url: str | None) -> str | None:
     return None if _on_postgres(state, store_url) is False else index
 
 
-def _resume_command(state: dict, checkpoint, store_url: str | None = None) -> str:
+def _resume_command(state: dict, checkpoint, store_url: str | None = None, store_in_command: bool = False) -> str:
     """The ``vecbridge migrate`` command that resumes the migration a checkpoint records (HTTP runs too: the
-    CLI resumes their checkpoints), with the options the run recorded; the store is the one it ran on (``STORE``:
-    not recorded, its URL may hold a password), a keep set the same files (absolute; ``IDS``, ``VECTORS`` where the
-    run was given arrays, as over HTTP). The registry: the ``--data-dir``, ``--artifact-dir`` and ``--registry-url``
-    the run used (the URL as :func:`~service.urls.safe_url` shows it, its password ``***``: :func:`_resume_note` says
-    how to give it)."""
+    CLI resumes their checkpoints), with the options the run recorded; the store is the one it ran on: ``store_url``
+    with ``store_in_command`` (its password ``***``), else ``STORE`` (not recorded: its URL may hold a password; the
+    CLI's ``--status`` printed that word where it had been given the store), a keep set the same files (absolute;
+    ``IDS``, ``VECTORS`` where the run was given arrays, as over HTTP). The registry: the ``--data-dir``,
+    ``--artifact-dir`` and ``--registry-url`` the run used (the URL as :func:`~service.urls.safe_url` shows it, its
+    password ``***``: :func:`_resume_note` says how to give it)."""
     opts = state.get("options") or {}
     words = ["vecbridge", *(["--data-dir", str(opts["data_dir"])] if opts.get("data_dir") else []),
              *(["--artifact-dir", art] if (art := _artifact_dir_of(opts)) else []),
              *(["--registry-url", str(opts["registry_url"])] if opts.get("registry_url") else []), "migrate",
-             "--store", "STORE", "--source", str(state.get("source")), "--target", str(state.get("target")),
+             "--store", safe_url(store_url) if store_in_command and store_url else "STORE",
+             "--source", str(state.get("source")), "--target", str(state.get("target")),
              "--map", str(state.get("map") or "MAP"), "--checkpoint", str(checkpoint)]
     opts = {**opts, "index": _index_of(state, store_url)}
     words += [w for key, flag in RESUME_OPTIONS.items() if opts.get(key) is not None for w in (flag, str(opts[key]))]
@@ -468,8 +474,10 @@ def _resume_command(state: dict, checkpoint, store_url: str | None = None) -> st
     return shlex.join(words)
 
 
-def _resume_note(state: dict, file: bool = True, store_url: str | None = None) -> str | None:
-    """What the resume command cannot say itself: the registry URL's password, which no checkpoint records; an
+def _resume_note(state: dict, file: bool = True, store_url: str | None = None,
+                 store_in_command: bool = False) -> str | None:
+    """What the resume command cannot say itself: the registry URL's password, which no checkpoint records, and the
+    store URL's where the command names it; an
     ``--index`` kind recorded where the store is not known (a PostgreSQL target's option); of a checkpoint not in a
     file (:class:`~service.vectordb.PgCheckpoint`), that no command resumes it."""
     if not file:
@@ -479,6 +487,9 @@ def _resume_note(state: dict, file: bool = True, store_url: str | None = None) -
         notes.append("the registry URL's password is not recorded (***): give it in the PGPASSWORD environment "
                      "variable and remove the :*** (or password=***) from --registry-url, or leave --registry-url "
                      "out and set VECBRIDGE_REGISTRY_URL (or VECBRIDGE_REGISTRY_URL_FILE) to the whole URL")
+    if store_in_command and store_url and safe_url(store_url) != str(store_url):
+        notes.append("the store URL's password is not shown (***): give the whole URL in --store, or leave --store "
+                     "out and set VECBRIDGE_VECTORDB_URL to it")
     if (index := _index_of(state, store_url)) not in (None, "like") and _on_postgres(state, store_url) is None:
         notes.append(f"--index {index} is for a PostgreSQL STORE: on a Milvus or Qdrant one leave it out (the "
                      "target takes the source's own index)")

@@ -327,10 +327,12 @@ def _stopped_after_a_batch(cmd: list, cwd) -> str:
     return err
 
 def _resume_elsewhere(argv: list, world, tmp_path, monkeypatch, capsys) -> dict:
-    """Run a printed resume command (``argv``, its ``STORE`` given) from a directory of its own: its report."""
+    """Run a printed resume command (``argv``, its ``STORE`` given: the CLI's ``--status`` names the store) from a
+    directory of its own: its report."""
     from service.cli import main
 
-    argv[argv.index("STORE")] = world["url"]
+    if "STORE" in argv:
+        argv[argv.index("STORE")] = world["url"]
     (tmp_path / "elsewhere").mkdir()
     monkeypatch.chdir(tmp_path / "elsewhere")
     capsys.readouterr()
@@ -563,3 +565,20 @@ def test_the_http_jobs_checkpoint_is_absolute_as_the_listing_shows_it(world, mon
     got = job["result"]["checkpoint"]
     assert Path(got).is_absolute() and got == listed[0]["checkpoint"], (got, listed)
     assert got == str(default_checkpoint(world["data"].resolve(), "src", "dst")), got
+
+
+def test_the_status_resume_command_names_the_store_it_was_given_with_its_password_hidden(world):
+    """QA (session 55): ``migrate --status --store URL`` printed a resume command with a literal ``--store STORE``,
+    a word to replace by hand. Given the store (``store_in_command``, as the CLI's ``--status``), the command names
+    it, a password as ``***`` with a note on how to give it; without one (HTTP, which hides a server's endpoints),
+    ``STORE``."""
+    ck = world["tmp"] / "run.json"
+    with pytest.raises(MigrationInterrupted):
+        _migrate(world, ck, stop=True)
+    argv = shlex.split(checkpoint_status(ck, world["url"], store_in_command=True)["resume"])
+    assert argv[argv.index("--store") + 1] == world["url"] and "STORE" not in argv, argv
+    st = checkpoint_status(ck, "postgresql://vb:s3cr3t@db:5432/vb", store_in_command=True)
+    argv = shlex.split(st["resume"])
+    assert argv[argv.index("--store") + 1] == "postgresql://vb:***@db:5432/vb" and "s3cr3t" not in st["resume"], argv
+    assert "store URL's password is not shown (***)" in st["resume_note"] and "s3cr3t" not in st["resume_note"], st
+    assert "--store STORE " in checkpoint_status(ck, world["url"])["resume"]  # HTTP's: the server's store hidden
