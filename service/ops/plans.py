@@ -362,7 +362,9 @@ def evaluate_map(registry, ref: str, X: np.ndarray, Y: np.ndarray, *, csls: bool
     only when every given gate passes). A ``min_top1`` above 0 that a top-1 at chance would pass is an InputError,
     as the retention gate's is (a FAIL stands).
     ``record`` stores top-1, mean rank, cosine, recall@10, the candidate count and the rows ranked
-    (``n_queries``) as tags ``eval.*`` on the version (they rank paths), with ``eval.top1_interval`` when a sample
+    (``n_queries``) as tags ``eval.*`` on the version (they rank paths), the top-1's ``chance_p``
+    (:func:`top1_chance`) as ``eval.top1_chance_p`` (at :data:`align.retrieval.CHANCE_LEVEL` or above, path choice
+    does not rank by that top-1, and a note says so), with ``eval.top1_interval`` when a sample
     was ranked (JSON ``[low, high]``; tags are text), and with labelled ``queries`` / ``relevant`` (see
     :func:`retention_gate`) the labelled retention as ``eval.labelled_retention``: none when it decides no gate
     (``retrieval.labelled.undecided``: undefined, at chance or on too few native hits; a retention 2.0 at chance
@@ -418,11 +420,18 @@ def evaluate_map(registry, ref: str, X: np.ndarray, Y: np.ndarray, *, csls: bool
     if passed is not None:
         res["result"] = "PASS" if passed else "FAIL"
     if record:
-        for k in ("top1", "mean_rank", "cos", "recall@10", "n_candidates", "n_queries"):
-            if np.isfinite(res[k]):
-                registry.set_tag(v.name, v.version, f"eval.{k}", res[k])
+        # the top-1's chance figure beside it: path choice passes over a top-1 at chance (a map of shuffled pairs
+        # was recorded, listed and ranked like a real one); the figures are still recorded, as measured
+        figures = {k: res[k] for k in ("top1", "mean_rank", "cos", "recall@10", "n_candidates", "n_queries")}
+        figures["top1_chance_p"] = res["top1_chance"]["chance_p"] if np.isfinite(res["top1"]) else float("nan")
+        for k, x in figures.items():
+            if np.isfinite(x):
+                registry.set_tag(v.name, v.version, f"eval.{k}", x)
             elif f"eval.{k}" in (v.tags or {}):  # recall@10 of at most 10 pairs is undefined: not "nan", nor stale
                 registry.delete_tag(v.name, v.version, f"eval.{k}")
+        if why := res["top1_chance"]["undecided"]:
+            res["notes"].append(f"the top-1 may be chance ({why}): it is recorded with eval.top1_chance_p beside "
+                                f"it, and path choice does not rank this version by it")
         if "intervals" in res:  # a sample's top-1: with its interval, or it reads as exact
             registry.set_tag(v.name, v.version, "eval.top1_interval", json.dumps(list(res["intervals"]["top1"])))
         elif "eval.top1_interval" in (v.tags or {}):  # every pair ranked now: an earlier sample's interval is stale

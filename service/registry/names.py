@@ -93,6 +93,7 @@ def check_tag_key(key) -> str:
 #: what each must hold: a hand-set ``eval.n_candidates 0`` (or -5) made ``eval.top1`` count unscaled, and decide
 EVAL_TAGS = {"eval.top1": ("a share in [0, 1]", lambda x: 0.0 <= x <= 1.0),
              "eval.recall@10": ("a share in [0, 1]", lambda x: 0.0 <= x <= 1.0),
+             "eval.top1_chance_p": ("a probability in [0, 1]", lambda x: 0.0 <= x <= 1.0),
              "eval.n_candidates": ("an integer >= 2", lambda x: x >= 2 and x == int(x)),
              "eval.n_queries": ("an integer >= 1", lambda x: x >= 1 and x == int(x))}
 

@@ -2,7 +2,8 @@
 
 - :func:`judged` — ``(kind, score, source, measured, pool)``: kind 2 a held-out top-1 put on a pool of 1,000
   candidates (:func:`align.metrics.top1_at`, given how many queries it was measured on, so a perfect score on a
-  handful is not read as certainty; an ``eval --record`` figure first, else the fit's own), kind 1 a
+  handful is not read as certainty; an ``eval --record`` figure first unless it may be chance,
+  :func:`eval_at_chance`, else the fit's own), kind 1 a
   training top-1 (a figure outside [0, 1], NaN included, is none: paths multiply scores, and a NaN or
   negative one made the best chain depend on the order chains were compared in), kind 0 none;
   ``measured`` / ``pool``: the held-out figure as measured and its pool size.
@@ -19,7 +20,8 @@ from functools import lru_cache
 
 from align.metrics import top1_at
 
-__all__ = ["CHANCE_LEVEL", "SMALL_POOL", "SPLIT", "heldout_doubt", "judged", "quality_words", "reliable", "span"]
+__all__ = ["CHANCE_LEVEL", "SMALL_POOL", "SPLIT", "eval_at_chance", "heldout_doubt", "judged", "quality_words",
+           "reliable", "span"]
 
 #: the chance a map at chance passes :func:`heldout_doubt` (after the correction for the maps compared)
 CHANCE_LEVEL = 1e-3
@@ -38,6 +40,8 @@ def judged(v) -> tuple[int, float, str, float | None, int]:
             ("fit", m.get("heldout_top1"), m.get("heldout_n_candidates"), m.get("heldout_n_queries"))):
         if source == "eval" and pool is not None and _count(pool) < 2:  # set by hand before tags were checked: the
             continue  # top-1 of "0 candidates" counted unscaled (0.999 put on none beat every measured figure)
+        if source == "eval" and eval_at_chance(v):  # a map of shuffled pairs ranked as a real one: the fit's figure
+            continue  # (whose own chance test flags such a fit) or none
         top1 = _share(top1)  # tags are stored as text
         if top1 is None:  # NaN or a hand-set tag out of range ranks nothing
             continue
@@ -47,6 +51,20 @@ def judged(v) -> tuple[int, float, str, float | None, int]:
     if isinstance(train, (int, float)) and _share(train) is not None:  # NaN or out of range: no figure, as above
         return 1, float(train), "train", None, 0
     return 0, 0.0, "none", None, 0
+
+
+def eval_at_chance(v) -> str | None:
+    """Why a version's recorded ``eval.top1`` says nothing (its ``eval.top1_chance_p``, the chance a random map
+    finds as many pairs, is at :data:`align.retrieval.CHANCE_LEVEL` or above), else None (a record before that tag
+    included): :func:`judged` then passes over it."""
+    from align.retrieval import CHANCE_LEVEL as AT_CHANCE
+
+    tags = v.tags or {}
+    p, top1 = _share(tags.get("eval.top1_chance_p")), _share(tags.get("eval.top1"))
+    if p is None or top1 is None or p < AT_CHANCE:
+        return None
+    return (f"the recorded eval top-1 {top1:.3f} among {_count(tags.get('eval.n_candidates')):,} candidates may be "
+            f"chance (a random map finds as many {p:.0%} of the time): not ranked by")
 
 
 def _share(x) -> float | None:
@@ -73,6 +91,11 @@ def quality_words(v, converted: bool = True) -> str:
     candidates (put on 1,000: 0.000, an estimate that small pools understate)"``; ``"training top-1 0.990"``;
     ``"no held-out figure"``. ``converted=False``: a figure measured among fewer than 1,000 candidates as measured
     alone (``"held-out top-1 0.840 among 20 candidates"``), for a sentence that compares it (:func:`span`)."""
+    words = _quality_words(v, converted)
+    return words if (why := eval_at_chance(v)) is None else f"{words}; {why}"
+
+
+def _quality_words(v, converted: bool) -> str:
     kind, score, _, measured, pool = judged(v)
     if kind == 1:
         return f"training top-1 {score:.3f} (no held-out figure)"

@@ -60,7 +60,8 @@ OLD_MAP_KINDS, OLD_ARTIFACT_FORMATS = ("linear", "cluster"), ("npz", "safetensor
 OLD_EVAL_TAGS = {"eval.top1", "eval.mean_rank", "eval.cos", "eval.recall@10", "eval.n_candidates",
                  "eval.labelled_retention"}
 #: eval tags written since 58ebe2e: it shows them as plain text tags and ranks paths by eval.top1/n_candidates only
-NEW_EVAL_TAGS = {"eval.n_queries", "eval.top1_interval"}
+#: (a top-1 that eval.top1_chance_p says may be chance too, as it did before the tag)
+NEW_EVAL_TAGS = {"eval.n_queries", "eval.top1_interval", "eval.top1_chance_p"}
 
 
 def _maker():

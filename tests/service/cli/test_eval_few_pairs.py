@@ -117,3 +117,39 @@ def test_unequal_row_counts_are_said_as_fit_says_them_naming_the_files(fitted, c
         assert r.status_code == 422, r.text
         assert r.json()["error"]["message"].startswith("eval needs as many source rows as target rows"), r.text
         assert r.json()["error"]["message"].endswith("got 50 (source) and 40 (target)"), r.text
+
+
+def test_a_recorded_top1_at_chance_carries_its_chance_figure_and_ranks_no_path(fitted, capsys):
+    """QA (session 55): ``eval --record`` without a gate stored a shuffled-pairs top-1 as ``eval.top1`` like a real
+    one, and path choice ranked the version by it. It is still recorded, as measured, with ``eval.top1_chance_p``
+    beside it (the chance a random map finds as many pairs); at chance a warning says so, path choice passes over it
+    (the fit's own figure again) and the candidates' listing says why."""
+    from service.registry.quality import judged, quality_words
+
+    tmp_path, d = fitted
+    rng = np.random.default_rng(1)
+    y = np.load(tmp_path / "y_few.npy")
+    write_vectors(tmp_path / "y_shuf.npy", y[rng.permutation(len(y))[::-1].copy()])
+    write_vectors(tmp_path / "x_shuf.npy", np.load(tmp_path / "x_few.npy"))
+    code, _, err = _eval(capsys, tmp_path, d, "many", "--record", "--quiet")
+    assert code == 0 and "may be chance" not in err, err
+    tags = _tags(tmp_path)
+    assert float(tags["eval.top1_chance_p"]) < 0.01 and float(tags["eval.top1"]) > 0.5, tags
+    reg = open_registry(f"sqlite:///{tmp_path / 'var' / 'registry.sqlite'}", tmp_path / "var" / "artifacts")
+    try:
+        assert judged(reg.resolve("m"))[2] == "eval"
+    finally:
+        reg.close()
+    code, out, err = _eval(capsys, tmp_path, d, "shuf", "--record", "--json", "--quiet")
+    assert code == 0, err
+    assert "vecbridge: warning: the top-1 may be chance (" in err and "eval.top1_chance_p" in err, err
+    res, tags = json.loads(out), _tags(tmp_path)
+    assert tags["eval.top1"] == str(res["top1"]) and float(tags["eval.top1_chance_p"]) >= 0.01, tags
+    assert float(tags["eval.top1_chance_p"]) == pytest.approx(res["top1_chance"]["chance_p"]), (tags, res)
+    reg = open_registry(f"sqlite:///{tmp_path / 'var' / 'registry.sqlite'}", tmp_path / "var" / "artifacts")
+    try:
+        v = reg.resolve("m")
+        assert judged(v)[2] == "fit", judged(v)  # the fit's own figure, not the one at chance
+        assert "the recorded eval top-1" in quality_words(v) and "may be chance" in quality_words(v), quality_words(v)
+    finally:
+        reg.close()
