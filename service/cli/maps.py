@@ -360,7 +360,7 @@ def eval_cmd(obj: Ctx, ref, min_top1, min_retention, queries_path, queries_rows,
         res = evaluate_map(obj.registry, ref, X, Y, csls=csls, min_top1=min_top1, min_retention=min_retention,
                            record=record, queries=Q, relevant=rel, side=side, old_queries=Qo,
                            csls_weight=csls_weight, max_queries=max_queries, random_state=random_state,
-                           old_corpus=C, sides=sides)
+                           old_corpus=C, sides=sides, old_corpus_name="--old-corpus")
     for line in dict.fromkeys(str(w.message).splitlines()[0] for w in caught
                               if issubclass(w.category, VecbridgeWarning)
                               and "undefined (NaN)" not in str(w.message)):  # the figures below say "undefined"
