@@ -161,3 +161,19 @@ def test_eval_refuses_an_old_corpus_of_the_new_model(capsys, spaced):
         assert "the old_corpus rows look like space 'new'" in r.text
         r = c.post("/v1/maps/m/evaluate", json={**body, "old_corpus": _b64(X[:-500])}, headers=R)
         assert r.status_code == 200, r.text
+
+
+def test_an_old_corpus_of_another_width_is_named_by_its_option_or_field(capsys, files):
+    """A narrower file said "X_corpus: expected 32 columns, got 20" (align's parameter): the option / field now."""
+    d = files
+    X, Y, Qn, Qo, rel = _task()
+    write_vectors(d / "narrow.npy", X[:-500, :20])
+    code, out, err = _eval(capsys, d, "--old-queries", d / "qo.npy", "--old-corpus", d / "narrow.npy")
+    assert code == 2, out
+    assert "--old-corpus has 20 columns, but m:1 reads 32-wide rows" in err and "X_corpus" not in err
+    body = {"source": _b64(X[-500:]), "target": _b64(Y[-500:]), "queries": _b64(Qn), "relevant": rel.tolist(),
+            "old_queries": _b64(Qo), "old_corpus": _b64(X[:-500, :20])}
+    with TestClient(create_app(settings_for(d / "api", data_dir=d / "var"))) as c:
+        r = c.post("/v1/maps/m/evaluate", json=body, headers=R)
+        assert r.status_code == 422, r.text
+        assert "old_corpus has 20 columns" in r.text and "X_corpus" not in r.text
