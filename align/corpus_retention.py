@@ -55,7 +55,7 @@ def corpus_retention(map_, X_src, Y_tgt, queries, relevant, old_queries, X_corpu
     dup = knn(corpus, unit_rows(X), 1)[0][:, 0] >= DUPLICATE_COS
     val = np.arange(X.shape[0])
     lab.prepare(val, corpus, ~dup, rng)
-    lab.estimate(map_, X, corpus, ~dup)
+    lab.estimate(map_, X, C, ~dup)  # the rows as given, mapped as transform maps them (and the held-out ones)
     native = lab.native_estimate()
     migrated = float(lab.last_hits.mean())
     ok = np.isfinite(native) and native > 0
