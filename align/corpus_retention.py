@@ -20,6 +20,7 @@ from __future__ import annotations
 import numpy as np
 
 from .chain import check_map_documents
+from .exceptions import EmptyInputError
 from .frames import unit_rows
 from .knn import knn
 from .validation import as_matrix, check_random_state
@@ -30,14 +31,17 @@ __all__ = ["corpus_retention"]
 DUPLICATE_COS = 0.9999
 
 
-def corpus_retention(map_, X_src, Y_tgt, queries, relevant, old_queries, X_corpus, *, random_state=0) -> dict:
+def corpus_retention(map_, X_src, Y_tgt, queries, relevant, old_queries, X_corpus, *, random_state=0,
+                     corpus_name: str = "X_corpus") -> dict:
     r"""R@10 retention of labelled queries over the whole corpus a corpus-side migration maps.
 
     ``X_src`` / ``Y_tgt`` (n, d_s) / (n, d_t): the held-out documents under the old (source) and the new
     (target) model, row by row; ``queries`` (q, d_t) new-model and ``old_queries`` (q, d_s) old-model vectors of
     the same queries; ``relevant`` (q,): each one's held-out row; ``X_corpus`` (m, d_s): the old model's vectors
     of the rest of the corpus (rows that repeat a held-out document, cosine >= 0.9999, are left out: that
-    document is already there). See the module docs for the estimate.
+    document is already there; when that leaves none, EmptyInputError: the figure would be the held-out one, not a
+    corpus's). ``corpus_name``: what the caller calls ``X_corpus``, in its errors. See the module docs for the
+    estimate.
 
     Returns ``{"retention", "retention_interval" ([lo, hi], 95 % over resamples of the queries), "migrated_r10"
     (exact), "native_r10" (estimated), "native_r10_heldout", "old_r10_heldout", "old_r10_corpus", "slope_ratio",
@@ -48,11 +52,17 @@ def corpus_retention(map_, X_src, Y_tgt, queries, relevant, old_queries, X_corpu
     from .plan import LabelledProbe
 
     X, Y = check_map_documents(map_, X_src, Y_tgt, "corpus_retention")
-    C = as_matrix(X_corpus, name="X_corpus", dim=X.shape[1])
+    C = as_matrix(X_corpus, name=corpus_name, dim=X.shape[1])
     lab = LabelledProbe(queries, old_queries, relevant, X, Y, rows="held-out document")
     rng = check_random_state(random_state)
     corpus = unit_rows(C)
     dup = knn(corpus, unit_rows(X), 1)[0][:, 0] >= DUPLICATE_COS
+    if dup.all():  # "over the whole corpus" of the held-out documents alone, which the corpus only repeats
+        raise EmptyInputError(f"no row of {corpus_name} is left to map: all {C.shape[0]:,} repeat a held-out "
+                              f"document (cosine >= {DUPLICATE_COS}), so the retention would be over the "
+                              f"{X.shape[0]:,} held-out documents alone, not the corpus; give the old model's vectors "
+                              f"of the rest of the corpus (the held-out rows may stay in it), or leave {corpus_name} "
+                              f"out for the held-out figure")
     val = np.arange(X.shape[0])
     lab.prepare(val, corpus, ~dup, rng)
     lab.estimate(map_, X, C, ~dup)  # the rows as given, mapped as transform maps them (and the held-out ones)

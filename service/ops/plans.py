@@ -110,7 +110,8 @@ def plan(X_old: np.ndarray, probe_src: np.ndarray, probe_tgt: np.ndarray, *, ran
 
 def retention_gate(map_, X: np.ndarray, Y: np.ndarray, *, min_retention: float | None, queries=None,
                    relevant=None, side: str = "target", old_queries=None, csls_weight: float | None = None,
-                   max_queries: int | None = None, random_state=0, old_corpus=None) -> dict:
+                   max_queries: int | None = None, random_state=0, old_corpus=None,
+                   old_corpus_name: str = "old_corpus") -> dict:
     """Scores of ``map_`` on held-out pairs and, with ``min_retention``, ``passed`` / ``result``.
 
     ``queries`` (q, d) with ``relevant`` (q,) rows of ``X``/``Y``: ``labelled`` holds
@@ -133,7 +134,8 @@ def retention_gate(map_, X: np.ndarray, Y: np.ndarray, *, min_retention: float |
     mapped (the figure :func:`plan` forecasts), and ``retention`` / ``retention_interval`` / the gate are of it
     (``retention_scope`` ``"corpus"``; ``retention_heldout`` keeps the held-out one). Without it the scope is
     ``"held-out"``: the held-out documents alone, which a migrated corpus's other rows do not compete with (WordNet
-    minilm→e5, 2,000 pairs: 0.82 over 1,000 held-out documents, 0.55 over the 40,960 of the corpus).
+    minilm→e5, 2,000 pairs: 0.82 over 1,000 held-out documents, 0.55 over the 40,960 of the corpus). An old corpus
+    with no row but the held-out documents' is an InputError naming ``old_corpus_name`` (what the caller calls it).
     """
     if (queries is None) != (relevant is None):
         raise InputError("labelled queries need both the queries and the row of each one's relevant document")
@@ -159,7 +161,7 @@ def retention_gate(map_, X: np.ndarray, Y: np.ndarray, *, min_retention: float |
         if old_corpus is not None:
             checkpoint()
             res["corpus"] = align.corpus_retention(map_, X, Y, queries, relevant, old_queries, old_corpus,
-                                                   random_state=random_state)
+                                                   random_state=random_state, corpus_name=old_corpus_name)
             res["retention_heldout"], res["retention_scope"] = res["retention"], "corpus"
             res["retention"] = res["corpus"]["retention"]
             res["retention_interval"] = res["corpus"]["retention_interval"]
@@ -430,7 +432,8 @@ def evaluate_map(registry, ref: str, X: np.ndarray, Y: np.ndarray, *, csls: bool
     checkpoint()
     res["retrieval"] = retention_gate(m, X, Y, min_retention=min_retention, queries=queries, relevant=relevant,
                                       side=side, old_queries=old_queries, csls_weight=csls_weight if csls else None,
-                                      max_queries=max_queries, random_state=random_state, old_corpus=old_corpus)
+                                      max_queries=max_queries, random_state=random_state, old_corpus=old_corpus,
+                                      old_corpus_name=old_corpus_name)
     res["retention"] = res["retrieval"]["retention"]
     res["map"] = v.ref
     res["notes"] = notes + _above_native(res["retrieval"]) + gate_zero_note(res["retrieval"], record)

@@ -8,7 +8,7 @@ import pytest
 
 import align
 from _synthetic import heldout_labelled_task
-from align.exceptions import DimensionMismatchError, PairCountError
+from align.exceptions import DimensionMismatchError, EmptyInputError, PairCountError
 
 
 def _task(seed=0, n=5000, held=500):
@@ -88,3 +88,16 @@ def test_corpus_rows_are_mapped_as_transform_maps_them():
     mapped = m.apply(X, output="raw")  # every row as transform maps it
     assert out["migrated_r10"] == pytest.approx(_hits(Qn, mapped, n - held + rel).mean())
     assert out["n_duplicates"] == 0
+
+
+def test_a_corpus_of_the_held_out_documents_alone_is_refused():
+    """Every corpus row repeats a held-out document: no corpus is left, and the figure ("over the whole corpus",
+    0 rows of it mapped) was the held-out one."""
+    X, Y, Qn, Qo, rel, held = _task(seed=3, n=2000)
+    m = align.fit_migration(X[:300], Y[:300], method="procrustes")
+    with pytest.raises(EmptyInputError, match="no row of X_corpus is left to map: all 500 repeat"):
+        align.corpus_retention(m, X[-held:], Y[-held:], Qn, rel, Qo, X[-held:])
+    with pytest.raises(EmptyInputError, match="no row of the corpus rows is left to map"):
+        align.corpus_retention(m, X[-held:], Y[-held:], Qn, rel, Qo, X[-held:], corpus_name="the corpus rows")
+    out = align.corpus_retention(m, X[-held:], Y[-held:], Qn, rel, Qo, X[-held - 1:])  # one row besides: measured
+    assert out["n_documents"] == held + 1 and out["n_duplicates"] == held

@@ -177,3 +177,20 @@ def test_an_old_corpus_of_another_width_is_named_by_its_option_or_field(capsys, 
         r = c.post("/v1/maps/m/evaluate", json=body, headers=R)
         assert r.status_code == 422, r.text
         assert "old_corpus has 20 columns" in r.text and "X_corpus" not in r.text
+
+
+def test_an_old_corpus_of_the_held_out_documents_alone_is_refused(capsys, files):
+    """--old-corpus-rows selecting just the held-out rows printed "0 rows of the old corpus mapped" and gated the
+    held-out figure as "over the whole corpus"."""
+    d = files
+    code, out, err = _eval(capsys, d, "--old-queries", d / "qo.npy", "--old-corpus", d / "old.npy",
+                           "--old-corpus-rows", "-500:", "--min-retention", "0.0")
+    assert code == 2, out
+    assert "no row of --old-corpus is left to map: all 500 repeat a held-out document" in err and "PASS" not in out
+    X, Y, Qn, Qo, rel = _task()
+    body = {"source": _b64(X[-500:]), "target": _b64(Y[-500:]), "queries": _b64(Qn), "relevant": rel.tolist(),
+            "old_queries": _b64(Qo), "old_corpus": _b64(X[-500:])}
+    with TestClient(create_app(settings_for(d / "api", data_dir=d / "var"))) as c:
+        r = c.post("/v1/maps/m/evaluate", json=body, headers=R)
+        assert r.status_code == 422, r.text
+        assert "no row of old_corpus is left to map" in r.text
