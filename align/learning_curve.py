@@ -24,7 +24,11 @@ def fit_learning_curve(ks: np.ndarray, vals: np.ndarray) -> tuple[float, float, 
 
 def fit_learning_curves(ks: np.ndarray, V: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """:func:`fit_learning_curve` of each row of ``V`` (b, len(ks)) at once: ``(r_inf, c, beta, sse)``, (b,) each
-    (the first ``beta`` of the grid with the least squared error, as the loop of one curve chose it)."""
+    (the first ``beta`` of the grid with the least squared error, as the loop of one curve chose it). A row with a
+    point not finite has no curve: NaN, all four (no ``beta`` bettered the initial error there, and it read as a
+    confident curve of 0 with error inf, and so did every other row of ``V``)."""
+    bad = ~np.isfinite(V).all(axis=1)
+    V = np.where(bad[:, None], 0.0, V)  # fitted apart: one row's NaN made lstsq's solution NaN for every row
     best = np.full(V.shape[0], np.inf)
     out = [np.zeros(V.shape[0]) for _ in range(3)]
     for beta in BETAS:
@@ -38,6 +42,8 @@ def fit_learning_curves(ks: np.ndarray, V: np.ndarray) -> tuple[np.ndarray, np.n
         better = sse < best
         best[better] = sse[better]
         out[0][better], out[1][better], out[2][better] = coef[0, better], coef[1, better], beta
+    for a in (*out, best):
+        a[bad] = np.nan
     return out[0], out[1], out[2], best
 
 

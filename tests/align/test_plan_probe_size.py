@@ -57,3 +57,16 @@ def test_the_query_bootstrap_rescores_the_points_and_refits_their_curve():
     for i in range(5):
         one = fit_learning_curve(np.array(ks, float), V[i])
         assert np.allclose([many[0][i], many[1][i], many[2][i]], one[:3])
+
+
+def test_a_curve_with_a_nan_point_is_nan_not_a_forecast_of_zero():
+    """A NaN point gave (r_inf 0, c 0, beta 0, residual inf): a definite-looking forecast of 0, and in a batch of
+    curves (the query bootstrap's) it did so for every curve of the batch."""
+    ks = np.array([20, 50, 120, 300], float)
+    one = fit_learning_curve(ks, np.array([0.2, np.nan, 0.5, 0.6]))
+    assert all(np.isnan(v) for v in one)
+    V = np.array([[0.2, 0.35, 0.5, 0.6], [0.2, 0.35, np.inf, 0.6]])
+    many = fit_learning_curves(ks, V)
+    assert all(np.isnan(a[1]) for a in many)
+    # the other rows' curves are theirs still (lstsq solving them all at once made every one NaN, then 0)
+    assert np.allclose([a[0] for a in many[:3]], fit_learning_curve(ks, V[0])[:3])
