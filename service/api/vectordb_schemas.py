@@ -113,7 +113,9 @@ class CollectionOut(BaseModel):
     name: str
     space: str | None = Field(..., description="The embedding space the collection records (a migration records "
                                                "it); null when it records none.")
-    dim: int
+    dim: int | None = Field(..., description="The width of its vectors; null for an empty collection whose vector "
+                                             "field declares none (pgvector's `vector` without a size): see `note`.")
+    note: str | None = Field(None, description="Why `dim` is null, when it is.")
     count: int = Field(..., description="Rows in the collection.")
     metric: str = Field(..., description="How it ranks rows: `cosine`, `ip`, or the engine's own (`l2`).")
 

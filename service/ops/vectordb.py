@@ -49,6 +49,7 @@ from ..vectordb import (
     migrate,
     open_store,
 )
+from ..vectordb.base import UnknownWidthError
 from ..vectordb.holder import holder_gone
 from ..vectordb.keep import read_keep_ids, resume_words
 from ..vectordb.lost import lost_as_unavailable
@@ -591,11 +592,19 @@ ZERO_COSINE = ("a cosine collection ranks rows by direction and a zero query has
 def describe_collection(store: VectorStore, name: str) -> dict:
     """``GET /v1/collections/{name}``: what a client needs to pick a map for it (the console's migration form: a map
     whose source space is the collection's): ``{"name", "space"`` (recorded; None when it records none)``, "dim",
-    "count", "metric"}``. CollectionNotFoundError (404) for a name that is neither a collection nor an alias."""
+    "count", "metric"}``. CollectionNotFoundError (404) for a name that is neither a collection nor an alias. An empty
+    collection whose vector field declares no width (pgvector's ``vector`` without a size) has ``"dim"`` None and a
+    ``"note"`` saying why: the route has nothing to fix (it answered 422 in the CLI's words, "--vector-field")."""
     if not store.exists(name) and store.resolve_alias(name) is None:
         raise CollectionNotFoundError(f"{store.engine}: no collection or alias {name!r}")
-    return {"name": name, "space": store.get_space(name), "dim": int(store.dim(name)), "count": int(store.count(name)),
-            "metric": store.metric(name)}
+    out = {"name": name, "space": store.get_space(name)}
+    try:
+        out["dim"] = int(store.dim(name))
+    except UnknownWidthError:
+        out["dim"] = None
+        out["note"] = (f"{name!r} has no rows and its vector field {store.vector_field!r} declares no width: the width "
+                       f"is its first rows' (or the size the column is given)")
+    return {**out, "count": int(store.count(name)), "metric": store.metric(name)}
 
 
 def search_collection(store: VectorStore, resolver, collection: str, Q, *, space: str, map_ref=None, k: int = 10,

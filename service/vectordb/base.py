@@ -128,6 +128,11 @@ class UnsupportedFieldError(InputError, VectorDBError):
     """A row field a migration cannot carry over (another vector field, a type without a binary copy)."""
 
 
+class UnknownWidthError(UnsupportedFieldError):
+    """A collection whose vector field declares no width (pgvector's ``vector`` without a size) and that holds no
+    row to tell it by: a migration cannot size its target; ``GET /v1/collections/{name}`` answers its width null."""
+
+
 class BadNameError(InputError, VectorDBError):
     """A collection or alias name outside ``[A-Za-z_][A-Za-z0-9_]{0,62}``."""
 

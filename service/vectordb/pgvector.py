@@ -39,8 +39,9 @@ import numpy as np
 from align.exceptions import InputError
 
 from ..urls import check_pg_userinfo
-from .base import (Batch, CollectionNotFoundError, UnsupportedFieldError, VectorDBError, VectorStore,
-                   as_ids, check_metric, check_name, close_quietly, id_key, pad_results, pg_connect, rows_in_order)
+from .base import (Batch, CollectionNotFoundError, UnknownWidthError, UnsupportedFieldError, VectorDBError,
+                   VectorStore, as_ids, check_metric, check_name, close_quietly, id_key, pad_results, pg_connect,
+                   rows_in_order)
 from .lost import lost_as_unavailable
 from .pg_json import JSON_ARRAY_OIDS, JSON_NULL, JSON_OIDS, JsonDict, JsonList, json_cursor, json_out
 from .pg_index import INDEX_WAIT_S, METRIC_OPS, build_index
@@ -336,7 +337,7 @@ class PgVectorStore(VectorStore):
                 self._ident(name), v=sql.Identifier(self.vector_field))).fetchone()
             if d is not None:
                 return int(d[0])
-            raise UnsupportedFieldError(  # a 422 / exit 2: an empty table's unsized column, no database fault
+            raise UnknownWidthError(  # a 422 / exit 2: an empty table's unsized column, no database fault
                 f"pgvector: {name!r} has no rows, and its vector column {self.vector_field!r} is declared without a "
                 f"size ({r[1]}), so its width cannot be told: give it one (ALTER TABLE {name} ALTER COLUMN "
                 f"{self.vector_field} TYPE {r[1]}(N)), or name a sized vector column with --vector-field")

@@ -416,3 +416,25 @@ def test_an_empty_table_with_an_unsized_vector_column_is_a_422_naming_vector_fie
     with pytest.raises(UnsupportedFieldError, match="declared without a size.*--vector-field"):
         run_migration(store_url=pg_url, source="lc_empty", target="lc_new", map_ref=str(tmp_path / "m.npz"),
                       checkpoint=tmp_path / "c.json")
+
+
+def test_get_collection_of_an_empty_unsized_table_answers_its_width_null(store, pg_url, tmp_path):  # noqa: F811
+    """Review: ``GET /v1/collections/{name}`` of an empty table whose vector column has no size answered 422 in the
+    CLI's words ("name a sized vector column with --vector-field"), a field that GET has not; and its answer's
+    ``dim`` could not be null. It answers 200: ``dim`` null and a note why; the width once it holds a row."""
+    from _api_support import W, settings_for
+    from fastapi.testclient import TestClient
+
+    from service.api import create_app
+
+    store.conn.execute("CREATE TABLE lc_void (id bigint PRIMARY KEY, embedding vector, text text)")
+    with TestClient(create_app(settings_for(tmp_path, vectordb_url=pg_url))) as c:
+        r = c.get("/v1/collections/lc_void", headers=W)
+        assert r.status_code == 200, r.text
+        got = r.json()
+        assert got["dim"] is None and got["count"] == 0, got
+        assert "has no rows and its vector field 'embedding' declares no width" in got["note"], got
+        assert "--vector-field" not in r.text
+        store.conn.execute("INSERT INTO lc_void VALUES (1, '[1,2,3]', 'a')")
+        got = c.get("/v1/collections/lc_void", headers=W).json()
+        assert got["dim"] == 3 and got["count"] == 1 and got.get("note") is None, got
