@@ -455,9 +455,7 @@ file_rows_opts = _stack(
     click.option("--rows", type=ROWS, default=None,
                  help="START:STOP rows of INP (negative counts from the end), or a file of row indices (the .npy "
                       "`plan --rows-out` writes; .json or text): those rows, in that order."),
-    click.option("--key", default=None,
-                 help=".npz array name of INP (default: its first array; an archive of several arrays of vectors must "
-                      "name one)."),
+    click.option("--key", default=None, help=".npz array name of INP (needed when it holds several arrays of rows)."),
     click.option("--column", default=None,
                  help="Parquet list column of INP (default: the first list of floats, else of numbers)."),
 )
