@@ -25,7 +25,9 @@ __all__ = ["embed_cmd"]
 @click.option("--space", default=None, metavar="NAME",
               help="The registered space the vectors are of (as `index create --space`): registered with --encoder "
                    "when new, as `fit` registers its sides; one registered with another encoder or width, or with none "
-                   "(bind one with `spaces add NAME --encoder`), is refused before anything is embedded.")
+                   "(bind one with `spaces add NAME --encoder`), is refused before anything is embedded; a new one "
+                   "whose name is a near miss of a registered space's that recognises the vectors (a misspelling: "
+                   "minlm for minilm) before anything is written.")
 @click.option("--truncate/--no-truncate", default=True, show_default=True,
               help="--no-truncate: refuse a text longer than the encoder reads (MiniLM 256, mpnet 384 word pieces), "
                    "naming its row, its tokens and the limit, before anything is embedded or written, instead of "
@@ -43,17 +45,26 @@ def embed_cmd(obj: Ctx, texts, out, encoder, kind, rows, text_field, chunk_rows,
     OUT appears complete or not at all. A long text is cut by MiniLM at 256 word pieces and by mpnet at 384 (the
     rest unread; a warning counts them, as --json's "truncated"; --no-truncate refuses it instead, exit 2); e5 reads
     all of it (512-token windows, averaged)."""
-    from ..ops.embeddings import embed_file  # the encoders' packages: imported when a command embeds
+    from ..ops.embeddings import check_new_rows, embed_file  # the encoders' packages: imported when a command embeds
     from ..registry.names import check_name
 
     new_space = []  # the registry is opened once the encoder and the texts are good: a refusal leaves none made
     if space is not None:
         check_name(space, "space name")
+
+    def ready(enc):  # before any text is embedded: a registered space of another encoder or width is refused
+        new_space.extend((_check_space(obj, space, enc), enc.name))
+
+    def rows_check(V):  # before any row is written: a new space misspelling a registered one is refused
+        if new_space[0]:
+            check_new_rows(obj.registry, space, V, name=f"the texts embedded by {new_space[1]}", option="--space",
+                           add=f" --encoder {new_space[1]}")
+
     progress, close = progress_bar(quiet=quiet, as_json=as_json)
     try:
         res = embed_file(texts, out, encoder=encoder, kind=kind, rows=rows, text_field=text_field,
                          chunk_rows=chunk_rows, progress=progress, truncate=truncate,
-                         ready=None if space is None else lambda enc: new_space.append(_check_space(obj, space, enc)))
+                         ready=None if space is None else ready, rows_check=None if space is None else rows_check)
     finally:
         close()
     if space is not None:

@@ -27,10 +27,10 @@ from ..errors import ConflictError
 from ..progress import Progress, silent
 from ..registry import NotFoundError
 from ..space_names import check_new_space
-from ..spaces import space_references
+from ..spaces import SPACE_SAMPLE_ROWS, space_references
 
-__all__ = ["FitSide", "check_new_side", "check_pairs", "count_cut", "embed", "embed_file", "embed_side", "encode_texts",
-           "fit_side", "tokens_read"]
+__all__ = ["FitSide", "check_new_rows", "check_new_side", "check_pairs", "count_cut", "embed", "embed_file",
+           "embed_side", "encode_texts", "fit_side", "tokens_read"]
 
 
 @dataclass
@@ -112,9 +112,16 @@ def check_new_side(registry, side: FitSide, X: np.ndarray | None = None, referen
     X = side.X if X is None else X
     if side.known or X is None:
         return
-    check_new_space(side.space, X, registry.list_spaces(),
-                    references or (lambda: space_references(registry, X.shape[1])),
-                    name=f"the {side.label} rows", option=f"{side.label}_space")
+    check_new_rows(registry, side.space, X, references, name=f"the {side.label} rows", option=f"{side.label}_space")
+
+
+def check_new_rows(registry, space: str, X: np.ndarray, references: Callable | None = None, *, name: str,
+                   option: str, add: str = "") -> None:
+    """Rows ``X`` (n, d) that would register ``space`` when it is new: :func:`service.space_names.check_new_space`
+    over ``registry``'s spaces and ``references()`` (default the registry's of the rows' width); ``name``,
+    ``option``, ``add`` as there. A fit's side (:func:`check_new_side`) and ``embed --space``'s rows."""
+    check_new_space(space, X, registry.list_spaces(), references or (lambda: space_references(registry, X.shape[1])),
+                    name=name, option=option, add=add)
 
 
 def _translation(services, model: str, target_space: str, map_ref):
@@ -232,7 +239,8 @@ def encode_texts(enc, texts: list[str], *, kind: str = "passage") -> np.ndarray:
 
 def embed_file(inp, out, *, encoder: str, kind: str = "passage", rows=None, text_field: str = "text",
                chunk_rows: int = 1024, progress: Progress | None = None,
-               ready: Callable[[object], None] | None = None, truncate: bool = True) -> dict:
+               ready: Callable[[object], None] | None = None, truncate: bool = True,
+               rows_check: Callable[[np.ndarray], None] | None = None) -> dict:
     """Embed the texts of file ``inp`` (.txt one per line, .jsonl ``text_field``, .json a list of strings; ``rows``
     ``"START:STOP"`` or row indices, in that order) with ``encoder`` as ``kind`` (``passage`` or ``query``: e5's
     prefixes) into ``out`` (.npy, .fvecs, .parquet: float32 unit rows, row i = the i-th text selected),
@@ -244,7 +252,9 @@ def embed_file(inp, out, *, encoder: str, kind: str = "passage", rows=None, text
     "truncated", "max_tokens"}``: ``out`` absolute; ``truncated`` texts longer than the encoder's ``max_tokens``
     (None: it reads every text whole) were embedded from their start only. ``truncate=False`` (``--no-truncate``,
     HTTP's ``truncate: false``): such a text is refused (:func:`count_cut`, its file row named) before ``ready`` and
-    before anything is embedded or written."""
+    before anything is embedded or written. ``rows_check(V)``: called with the first :data:`SPACE_SAMPLE_ROWS` rows
+    (the rows a space check reads; all of them when fewer) once embedded, before any is written; it may refuse by
+    raising (``embed --space``'s misspelt new space), and ``out`` is then not written."""
     from ..io import STREAM_SUFFIXES, TEXT_SUFFIXES, FormatError, check_not_input, is_text_path, read_texts
     from ..storage import check_writable
     from ..tables import MappedWriter
@@ -272,11 +282,19 @@ def embed_file(inp, out, *, encoder: str, kind: str = "passage", rows=None, text
     say = progress or silent
     say("embed", 0.0)
     cut = 0
+    held: list[np.ndarray] | None = None if rows_check is None else []  # chunks not written until rows_check passed
     with MappedWriter(inp, out, dim=enc.dim, n_rows=len(texts), batch_rows=chunk_rows) as w:
         for s in range(0, len(texts), chunk_rows):
             X = encode_texts(enc, texts[s : s + chunk_rows], kind=kind)
             cut += count_cut(enc, texts[s : s + chunk_rows])
-            w.write(X)
+            if held is not None:
+                held.append(X)
+                X = None
+                if s + chunk_rows >= len(texts) or sum(map(len, held)) >= SPACE_SAMPLE_ROWS:
+                    X, held = np.vstack(held), None
+                    rows_check(X[:SPACE_SAMPLE_ROWS])
+            if X is not None:
+                w.write(X)
             say("embed", min(1.0, (s + chunk_rows) / len(texts)))
     return {"encoder": enc.name, "kind": kind, "rows": len(texts), "dim": enc.dim, "out": str(Path(out).resolve()),
             "truncated": cut, "max_tokens": enc.max_tokens}

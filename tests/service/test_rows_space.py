@@ -548,3 +548,43 @@ def test_a_texts_side_of_a_misspelt_space_is_refused_before_its_space_is_registe
         assert "minilm-ft" in {s.name for s in reg.list_spaces()}
     finally:
         reg.close()
+
+
+def test_embed_space_refuses_a_misspelt_new_space_before_writing(world, wordnet_dir, capsys, tmp_path):
+    """`vecbridge embed --space minlm` of MiniLM texts registered space 'minlm' beside 'minilm', as the fits did before
+    they refused it: the same check now refuses it (exit 2) once the first rows are embedded, before OUT is written
+    or the space registered, and advises `spaces add` with the encoder; 'minilm-ft' (no near miss) is registered as
+    before, and so is 'minlm' once added on purpose. (POST /v1/embeddings registers no space: no HTTP twin.)"""
+    import json
+    import shutil
+
+    from service.encoders import list_encoders
+
+    if "all-MiniLM-L6-v2" not in {e["name"] for e in list_encoders() if e["installed"]}:
+        pytest.skip("needs the all-MiniLM-L6-v2 encoder")
+    shutil.copytree(world["data"], tmp_path / "data")
+    mine = {**world, "data": tmp_path / "data"}
+    texts = json.loads((wordnet_dir / "texts.json").read_text())[NEW][:200]
+    (tmp_path / "t.json").write_text(json.dumps(texts))
+    out = tmp_path / "o.npy"
+
+    def embed(space):
+        return cli(capsys, mine, "embed", "--encoder", "minilm", "--space", space, "--chunk-rows", "64",
+                   tmp_path / "t.json", out, "--quiet")
+
+    code, _, err = embed("minlm")
+    assert code == 2, err
+    for words in ("space 'minlm' is not registered", "near miss of the registered space 'minilm' (name distance 1)",
+                  "recognises the texts embedded by all-MiniLM-L6-v2 as its own", "(--space)",
+                  "`vecbridge spaces add minlm --dim 384 --encoder all-MiniLM-L6-v2`"):
+        assert words in err, err
+    assert not out.exists() and not [p for p in tmp_path.iterdir() if ".part-" in p.name]
+    assert "minlm" not in cli(capsys, mine, "spaces", "--json")[1]
+    code, stdout, err = embed("minilm-ft")  # a fine-tuned model's name: no near miss
+    assert code == 0 and "(space minilm-ft)" in stdout, err
+    assert np.load(out).shape == (200, 384)
+    spaces = {s["name"]: s for s in json.loads(cli(capsys, mine, "spaces", "--json")[1])}
+    assert spaces["minilm-ft"]["encoder"] == "all-MiniLM-L6-v2", spaces
+    assert cli(capsys, mine, "spaces", "add", "minlm", "--dim", "384", "--encoder", "all-MiniLM-L6-v2")[0] == 0
+    code, stdout, err = embed("minlm")  # the advised way to a near name on purpose
+    assert code == 0 and "(space minlm)" in stdout, err
