@@ -291,3 +291,44 @@ def test_embed_no_truncate_refuses_a_text_the_model_would_cut(capsys, encoders, 
     code, out, err = run(capsys, "embed", "--encoder", "minilm", "--truncate", texts / "long.json", texts / "m.npy",
                          "--json")
     assert code == 0 and json.loads(out)["truncated"] == 2, err  # the default, as before
+
+
+def test_embed_file_rows_check_sees_the_first_sample_rows_before_any_is_written(tmp_path, monkeypatch):
+    """``embed --space``'s misspelt-space check reads the rows a space check reads (the first ``SPACE_SAMPLE_ROWS``)
+    before any is written: chunks are held until then, OUT is the same rows in order, and a refusal writes none."""
+    from align.exceptions import InputError
+    from service import encoders
+    from service.ops.embeddings import embed_file
+    from service.spaces import SPACE_SAMPLE_ROWS
+
+    n = SPACE_SAMPLE_ROWS + 700
+    rows = np.random.default_rng(0).standard_normal((n, 8)).astype(np.float32)
+
+    class Fake:  # row i embeds text "t{i}"
+        name, dim, max_tokens = "fake", 8, None
+
+        def encode(self, texts, kind):
+            return rows[[int(t[1:]) for t in texts]]
+
+        def too_long(self, texts, exact_first=False):
+            return []
+
+    monkeypatch.setattr(encoders, "get_encoder", lambda name: Fake())
+    (tmp_path / "t.json").write_text(json.dumps([f"t{i}" for i in range(n)]))
+    seen = []
+    for chunk in (300, 64, n + 1):
+        res = embed_file(tmp_path / "t.json", tmp_path / "o.npy", encoder="fake", chunk_rows=chunk,
+                         rows_check=lambda V: seen.append(V.copy()))
+        assert res["rows"] == n and len(seen) == 1, chunk
+        np.testing.assert_array_equal(seen.pop(), rows[:SPACE_SAMPLE_ROWS])
+        np.testing.assert_array_equal(np.load(tmp_path / "o.npy"), rows)
+    embed_file(tmp_path / "t.json", tmp_path / "few.npy", encoder="fake", rows="0:30", chunk_rows=7,
+               rows_check=seen.append)
+    np.testing.assert_array_equal(seen.pop(), rows[:30])  # fewer than the sample: all of them, once
+
+    def refuse(V):
+        raise InputError("no")
+
+    with pytest.raises(InputError):
+        embed_file(tmp_path / "t.json", tmp_path / "x.npy", encoder="fake", chunk_rows=300, rows_check=refuse)
+    assert not (tmp_path / "x.npy").exists() and not [p for p in tmp_path.iterdir() if ".part-" in p.name]
