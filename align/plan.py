@@ -448,7 +448,7 @@ def plan_migration(X_old, probe_src, probe_tgt, *, random_state=0, target_retent
     unpaired = (unpaired_share(lambda idx: ridge_candidate(P, idx, 1e-2), A, B, random_state=_child(rng))
                 if p >= UNPAIRED_MIN_PROBE else None)
     T_val = unit_rows(B[val])
-    extra = unit_rows(Xo[rows])
+    extra = unit_rows(Xo[rows])  # mapped as A[val] is: each candidate's frame is unit_in, no normalize=False
     S_dup, I_dup = knn(extra, unit_rows(A), 1)  # the probe's own texts inside the corpus are not distractors
     dup = S_dup[:, 0] >= 0.9999
     if lab is not None:
