@@ -286,8 +286,18 @@ def chance_verdict(hits: int, q: int, rate: float, *, verbs: tuple[str, str], od
     p = chance_p_value(hits, q, rate)
     why = None if p < CHANCE_LEVEL else (
         f"it {verbs[0]} {hits} of {q} rows, and {odds} {rate:.0%} of the time ({expected_hits(q, rate)} rows "
-        f"expected): a random map {verbs[1]} as many {p:.0%} of the time, so its pass says nothing")
+        f"expected): a random map {verbs[1]} as many {p:.0%} of the time, {PASS_SAYS_NOTHING}")
     return p, why
+
+
+#: how :func:`chance_verdict`'s words end: of a gate's pass (a record without one words it :func:`said_of_figure`)
+PASS_SAYS_NOTHING = "so its pass says nothing"
+
+
+def _said_of_figure(why: str) -> str:
+    """:func:`chance_verdict`'s ``why`` for a figure no gate passed (``eval --record`` without one, or a FAIL): its
+    "so its pass says nothing" said of the figure, there being no pass to speak of."""
+    return f"{why.removesuffix(PASS_SAYS_NOTHING)}so the figure says nothing of the map"
 
 
 def _above_native(r: dict) -> list[str]:
@@ -456,7 +466,8 @@ def evaluate_map(registry, ref: str, X: np.ndarray, Y: np.ndarray, *, csls: bool
                 registry.set_tag(v.name, v.version, f"eval.{k}", x)
             elif f"eval.{k}" in (v.tags or {}):  # recall@10 of at most 10 pairs is undefined: not "nan", nor stale
                 registry.delete_tag(v.name, v.version, f"eval.{k}")
-        if why := res["top1_chance"]["undecided"]:
+        if why := res["top1_chance"]["undecided"]:  # of a pass only when a top-1 gate passed it (a gate of 0 can)
+            why = why if min_top1 is not None and res["top1"] >= min_top1 else _said_of_figure(why)
             res["notes"].append(f"the top-1 may be chance ({why}): it is recorded with eval.top1_chance_p beside "
                                 f"it, and path choice does not rank this version by it")
         if "intervals" in res:  # a sample's top-1: with its interval, or it reads as exact

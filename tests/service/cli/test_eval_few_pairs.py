@@ -153,3 +153,21 @@ def test_a_recorded_top1_at_chance_carries_its_chance_figure_and_ranks_no_path(f
         assert "the recorded eval top-1" in quality_words(v) and "may be chance" in quality_words(v), quality_words(v)
     finally:
         reg.close()
+
+
+def test_a_recorded_top1_at_chance_is_worded_of_the_figure_without_a_gate_and_of_the_pass_with_one(fitted, capsys):
+    """QA (session 56): ``eval --record`` of a top-1 at chance without a gate warned "... so its pass says nothing",
+    of a pass there was none of. Without a gate (or failing one) it is said of the figure; a gate of 0, which passes
+    any top-1, keeps the pass's words."""
+    tmp_path, d = fitted
+    rng = np.random.default_rng(1)
+    y = np.load(tmp_path / "y_few.npy")
+    write_vectors(tmp_path / "y_shuf.npy", y[rng.permutation(len(y))[::-1].copy()])
+    write_vectors(tmp_path / "x_shuf.npy", np.load(tmp_path / "x_few.npy"))
+    code, out, err = _eval(capsys, tmp_path, d, "shuf", "--record", "--json", "--quiet")
+    assert code == 0, err
+    assert "the top-1 may be chance (" in err and "so the figure says nothing of the map)" in err, err
+    assert "its pass says nothing" not in err, err
+    code, out, err = _eval(capsys, tmp_path, d, "shuf", "--record", "--json", "--quiet", "--min-top1", "0")
+    assert code == 0 and json.loads(out)["result"] == "PASS", err
+    assert "the top-1 may be chance (" in err and "so its pass says nothing)" in err, err
