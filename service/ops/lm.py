@@ -48,7 +48,8 @@ from ..registry.names import check_alias, check_name
 from .steers import check_steer_space, check_summed_eps
 
 __all__ = ["LM", "LMFit", "lm_space", "open_lm", "get_lm", "check_lm_available", "check_fit", "check_fit_steer",
-           "prepare_fit", "run_fit", "fit_steer", "check_steers", "check_sampling", "check_length", "generate",
+           "prepare_fit", "run_fit", "fit_steer", "check_steers", "check_sampling", "check_length",
+           "check_length_now", "generate",
            "analyze", "FIT_METRICS", "MAX_FIT_RANK", "MAX_FIT_STEPS", "MAX_LM_EPS"]
 
 #: metadata of a fitted LM steer kept as the version's metrics
@@ -323,14 +324,24 @@ def _lm_steers(registry, lm, refs, load_steer, eps=None):
     return lm, found
 
 
-def check_length(lm: LM, text: str, what: str, max_tokens: int | None = None, new_tokens: int = 0) -> int:
-    """Tokens of ``text``; InputError when there are none, more than ``max_tokens`` (``limits.lm_max_tokens``),
-    or with ``new_tokens`` more than the model's context window (``max_position_embeddings``): beyond it the
-    positions are ones the model never saw, and the time and memory of a pass grow with the square of the
-    length. Call it holding ``lm.lock`` (a fit sets the tokenizer's truncation)."""
-    n = len(lm.tokenizer(text)["input_ids"])
+def check_length(lm: LM, text: str, what: str, max_tokens: int | None = None, new_tokens: int = 0,
+                 min_tokens: int = 1) -> int:
+    """Tokens of ``text``; InputError when there are none (fewer than ``min_tokens``: analyze scores the tokens
+    after the first), more than ``max_tokens`` (``limits.lm_max_tokens``), or with ``new_tokens`` more than the
+    model's context window (``max_position_embeddings``): beyond it the positions are ones the model never saw, and
+    the time and memory of a pass grow with the square of the length. Counted by ``lm.check_tokenizer`` under
+    ``lm.check_lock`` when the LM has one (no wait for the model); else by ``lm.tokenizer``: call it holding
+    ``lm.lock`` then (a fit sets the tokenizer's truncation)."""
+    if lm.check_tokenizer is not None:
+        with lm.check_lock:
+            n = len(lm.check_tokenizer(text)["input_ids"])
+    else:
+        n = len(lm.tokenizer(text)["input_ids"])
     if n == 0:
         raise InputError(f"the {what} has no tokens")
+    if n < min_tokens:
+        raise InputError(f"the {what} has {n} token{'s' if n > 1 else ''}, it needs at least {min_tokens} (the "
+                         f"evidence is of each token after the first)")
     if max_tokens is not None and n > max_tokens:
         raise InputError(f"the {what} has {n} tokens, more than the limit of {max_tokens} (limits.lm_max_tokens)")
     context = getattr(getattr(lm.model, "config", None), "max_position_embeddings", None)
@@ -340,15 +351,40 @@ def check_length(lm: LM, text: str, what: str, max_tokens: int | None = None, ne
     return n
 
 
+def check_length_now(lm: LM | None, text: str, what: str, max_tokens: int | None = None, new_tokens: int = 0,
+                     min_tokens: int = 1) -> LM | None:
+    """:func:`check_length` before a request's turn at the model, so a text it refuses is refused at once, not
+    behind a running generation: made when ``lm`` is loaded and has its ``check_tokenizer`` (it waits for no use of
+    the model; the model is not loaded for it). Returns the LM it checked with (pass it to :func:`generate` /
+    :func:`analyze` as ``checked``: they do not count again), or None when it could not check now."""
+    if lm is None or lm.check_tokenizer is None:
+        return None
+    check_length(lm, text, what, max_tokens, new_tokens, min_tokens)
+    return lm
+
+
+def _check_length_of(lm: LM, checked: LM | None, *args, **kwargs) -> None:
+    """:func:`check_length` unless ``checked`` is ``lm`` (:func:`check_length_now` counted with it), made now when
+    ``lm`` has a check tokenizer, else holding ``lm.lock``."""
+    if lm is checked:
+        return
+    if lm.check_tokenizer is not None:
+        check_length(lm, *args, **kwargs)
+        return
+    with lm.lock:
+        check_length(lm, *args, **kwargs)
+
+
 def generate(registry, lm: LM | Callable[[], LM], prompt: str, steers: Mapping[str, float], *,
              max_new_tokens: int = 30, temperature: float = 1.0, top_p: float = 0.9, random_state: int = 0,
-             load_steer=None, max_tokens: int | None = None) -> dict:
+             load_steer=None, max_tokens: int | None = None, checked: LM | None = None) -> dict:
     """``{"model", "text", "steers"}``: the continuation of ``prompt`` under ``{ref: eps}`` (each eps in
     [-:data:`MAX_LM_EPS`, :data:`MAX_LM_EPS`]); temperature 0: greedy. Refs naming one steer version (``tone``,
     ``tone@prod``, ``tone:1``) compose as that steer at the sum of their eps, which is bounded as one eps is (each
     alone was: two refs steered at twice the bound); summed rather than refused, as a search's steers are.
 
-    The prompt must fit :func:`check_length` (``max_tokens``, and the model's context with the new tokens)."""
+    The prompt must fit :func:`check_length` (``max_tokens``, and the model's context with the new tokens), unless
+    ``checked`` is the LM that checked it already (:func:`check_length_now`)."""
     check_sampling(temperature)
     lm, found = _lm_steers(registry, lm, list(steers), load_steer, [steers[ref] for ref in steers])
     pairs = [(steer, float(steers[ref])) for ref, (_, steer) in zip(steers, found)]
@@ -357,23 +393,25 @@ def generate(registry, lm: LM | Callable[[], LM], prompt: str, steers: Mapping[s
     from ..lm.steering import generate as generate_text
 
     sample = temperature > 0
+    _check_length_of(lm, checked, prompt, "prompt", max_tokens, int(max_new_tokens))
     with lm.lock:
-        check_length(lm, prompt, "prompt", max_tokens, int(max_new_tokens))
         text = generate_text(lm.model, lm.tokenizer, prompt, pairs, max_new_tokens=max_new_tokens, do_sample=sample,
                              top_p=top_p, temperature=temperature if sample else 1.0, seed=random_state)
     return {"model": lm.name, "text": text, "steers": used}
 
 
 def analyze(registry, lm: LM | Callable[[], LM], text: str, ref: str, *, eps: float = 1.0,
-            threshold: float | None = None, load_steer=None, max_tokens: int | None = None) -> dict:
+            threshold: float | None = None, load_steer=None, max_tokens: int | None = None,
+            checked: LM | None = None) -> dict:
     """``{"model", "steer", "eps", "tokens"}`` (+ ``"spans"`` of same-sign runs with |score| >= ``threshold``);
-    the text must fit :func:`check_length`; ``eps`` in (0, :data:`MAX_LM_EPS`]."""
+    the text must fit :func:`check_length` (two tokens at least; ``checked``: as for :func:`generate`); ``eps`` in
+    (0, :data:`MAX_LM_EPS`]."""
     eps = check_number("eps", eps, 0, MAX_LM_EPS, lo_open=True)  # 0 scored every token 0, -1 flipped the signs
     lm, [(info, steer)] = _lm_steers(registry, lm, [ref], load_steer)
     from ..lm.steering import evidence_spans, token_evidence
 
+    _check_length_of(lm, checked, text, "text", max_tokens, min_tokens=2)
     with lm.lock:
-        check_length(lm, text, "text", max_tokens)
         ev = token_evidence(lm.model, lm.tokenizer, steer, text, eps=eps)
     out = {"model": lm.name, "steer": info.ref, "eps": eps, "tokens": [{"token": t, "score": s} for t, s in ev]}
     if threshold is not None:

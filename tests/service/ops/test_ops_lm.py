@@ -15,6 +15,7 @@ pytest.importorskip("transformers")
 
 from fastapi.testclient import TestClient  # noqa: E402
 
+from align.exceptions import InputError  # noqa: E402
 from service.api import create_app  # noqa: E402
 from service.errors import exit_code, http_status  # noqa: E402
 from service.lm.model import LMUnavailableError  # noqa: E402
@@ -100,3 +101,40 @@ def test_cli_and_http_register_the_same_steer(model_tok, tmp_path, monkeypatch, 
     assert (cli_info.space, cli_info.params) == (http_info.space, http_info.params)
     assert (cli_info.inputs["via"], http_info.inputs["via"]) == ("cli", "http")
     assert [d["positive"] for d in cli_info.lens] == [d["positive"] for d in http_info.lens]
+
+
+class _Counting:
+    """A tokenizer that counts its calls (texts tokenised for checks)."""
+
+    def __init__(self, tok):
+        self.tok, self.calls = tok, 0
+
+    def __call__(self, text, **kwargs):
+        self.calls += 1
+        return self.tok(text, **kwargs)
+
+
+def test_a_text_checked_before_its_turn_is_counted_once_and_without_the_model_lock(model_tok):
+    model, tok = model_tok
+    counting = _Counting(tok)
+    lm = ops.LM(model, tok, "tiny-llama", check_tokenizer=counting)
+    with lm.lock:  # a running generation holds the model: the check tokenizer does not wait for it
+        assert ops.check_length_now(lm, "the film", "prompt", 40, 2) is lm
+        with pytest.raises(InputError, match="no tokens"):
+            ops.check_length_now(lm, "  ", "prompt", 40)
+        with pytest.raises(InputError, match="at least 2"):
+            ops.check_length_now(lm, "film", "text", 40, min_tokens=2)
+    assert counting.calls == 3
+    out = ops.generate(None, lm, "the film", {}, max_new_tokens=2, temperature=0, checked=lm)
+    assert out["text"] and counting.calls == 3  # checked already: not counted again
+    ops.generate(None, lm, "the film", {}, max_new_tokens=2, temperature=0)
+    assert counting.calls == 4
+
+
+def test_without_a_check_tokenizer_the_text_is_counted_in_its_turn(model_tok):
+    model, tok = model_tok
+    lm = ops.LM(model, tok, "tiny-llama")  # a tokenizer that could not be copied: no check tokenizer
+    assert ops.check_length_now(lm, "  ", "prompt", 40) is None  # cannot count now without the model's lock
+    for prompt, says in (("  ", "no tokens"), ("the film " * 21, "limits.lm_max_tokens")):
+        with pytest.raises(InputError, match=says):
+            ops.generate(None, lm, prompt, {}, max_new_tokens=2, temperature=0, max_tokens=40)
