@@ -20,7 +20,9 @@ a place from a live client. Before, each waiting request held one of the shared 
 dozen of them behind a long fit left none for ``/readyz``, ``/v1/jobs`` or any other route.
 Before their turn, and so before the first one loads the model, each is checked for all that needs no model
 (its body, steer refs, eps, temperature, max_new_tokens; no LM to load): a bad request is refused at once, not
-after the load (47 s on a cold server) or a fit's forward pass. Only the token counts wait for the tokenizer.
+after the load (47 s on a cold server) or a fit's forward pass. With the model loaded, so are its token counts
+(an empty prompt, one over ``limits.lm_max_tokens`` or the context, an analyze text of one token): the model's
+check tokenizer counts them, not waiting behind a running generation. Before the load they wait for it.
 """
 
 from __future__ import annotations
@@ -180,13 +182,14 @@ def _model_route(path: str, *, summary: str, body_model, response_model, example
     run off the event loop (the model is slow and holds its lock) once the app's model :class:`~service.api.gate.Gate`
     gives it its turn. ``check(opts, request, state)`` runs first, before the turn and without the model: what a
     request can be refused for without it is refused at once, not after waiting for a fit's forward pass or the
-    first request's load of the model (47 s on a cold server)."""
+    first request's load of the model (47 s on a cold server). What it returns (the LM that counted the request's
+    tokens, or None) is ``fn``'s ``checked``: ``fn(opts, request, state, checked)``."""
     def register(fn):
         async def endpoint(request: Request, state: StateDep):
             body = await request.body()
-            opts = await run_in_threadpool(_checked, body_model, check, body, request, state)
+            opts, checked = await run_in_threadpool(_checked, body_model, check, body, request, state)
             async with _gate(request.app, state.settings.limits.lm_max_waiting).turn(request):
-                return FastJSONResponse(await run_in_threadpool(fn, opts, request, state))
+                return FastJSONResponse(await run_in_threadpool(fn, opts, request, state, checked))
 
         endpoint.__name__ = endpoint.__qualname__ = fn.__name__  # the OpenAPI operationId
         router.post(path, dependencies=[ReadScope, JSONOnly], summary=summary, response_model=response_model,
@@ -198,10 +201,9 @@ def _model_route(path: str, *, summary: str, body_model, response_model, example
 
 
 def _checked(body_model, check, body: bytes, request: Request, state):
-    """The request's body validated as ``body_model``, then ``check``-ed (:func:`_model_route`)."""
+    """``(opts, checked)``: the request's body validated as ``body_model``, then ``check``-ed (:func:`_model_route`)."""
     opts = validate(body_model, parse_json(body))
-    check(opts, request, state)
-    return opts
+    return opts, check(opts, request, state)
 
 
 def _loaded_or_available(request: Request) -> LM | None:
@@ -223,40 +225,44 @@ def _new_tokens(opts: LMGenerateRequest, limits) -> int:
     return opts.max_new_tokens
 
 
-def _check_generate(opts: LMGenerateRequest, request: Request, state) -> None:
+def _check_generate(opts: LMGenerateRequest, request: Request, state) -> LM | None:
     """What a generate request is refused for without the model: max_new_tokens beyond the operator's limit, a
     sampling temperature too small, a steer ref that does not resolve or is an embedding space's, an eps out of
     range (each, and the summed eps of refs to one version); then no LM to load (503). The prompt's tokens are
-    counted by the model's tokenizer, after the load."""
-    _new_tokens(opts, state.settings.limits)
+    counted too when the model is loaded (:func:`~service.ops.lm.check_length_now`: the LM returned), else after
+    the load."""
+    limits = state.settings.limits
+    new_tokens = _new_tokens(opts, limits)
     ops.check_sampling(opts.temperature)
     lm = getattr(request.app.state, "lm", None)
     ops.check_steers(state.registry, list(opts.steers), state.resolve_steer, list(opts.steers.values()), lm)
-    _loaded_or_available(request)
+    lm = _loaded_or_available(request)
+    return ops.check_length_now(lm, opts.prompt, "prompt", limits.lm_max_tokens, new_tokens)
 
 
-def _check_analyze(opts: LMAnalyzeRequest, request: Request, state) -> None:
+def _check_analyze(opts: LMAnalyzeRequest, request: Request, state) -> LM | None:
     """What an analyze request is refused for without the model: its steer ref not resolving or an embedding
     space's (eps is bounded by the request model); then no LM to load (503). The text's tokens (at least two, at
-    most ``limits.lm_max_tokens``) are counted by the model's tokenizer, after the load."""
+    most ``limits.lm_max_tokens``) are counted too when the model is loaded (the LM returned), else after the load."""
     ops.check_steers(state.registry, [opts.steer], state.resolve_steer, lm=getattr(request.app.state, "lm", None))
-    _loaded_or_available(request)
+    lm = _loaded_or_available(request)
+    return ops.check_length_now(lm, opts.text, "text", state.settings.limits.lm_max_tokens, min_tokens=2)
 
 
 @_model_route("/generate", summary="Continue a prompt under steers", body_model=LMGenerateRequest,
               response_model=LMGenerateResponse, example="lm_generate", check=_check_generate)
-def lm_generate(opts: LMGenerateRequest, request: Request, state) -> dict:
+def lm_generate(opts: LMGenerateRequest, request: Request, state, checked: LM | None) -> dict:
     limits = state.settings.limits
     # the model loaded (by the first request) only once the steers resolved again: one deleted meanwhile is a 404
     return ops.generate(state.registry, lambda: get_lm(request), opts.prompt, opts.steers,
                         max_new_tokens=_new_tokens(opts, limits), temperature=opts.temperature, top_p=opts.top_p,
                         random_state=opts.random_state, load_steer=state.resolve_steer,
-                        max_tokens=limits.lm_max_tokens)
+                        max_tokens=limits.lm_max_tokens, checked=checked)
 
 
 @_model_route("/analyze", summary="Per-token evidence of a steer in a text", body_model=LMAnalyzeRequest,
               response_model=LMAnalyzeResponse, example="lm_analyze", check=_check_analyze)
-def lm_analyze(opts: LMAnalyzeRequest, request: Request, state) -> dict:
+def lm_analyze(opts: LMAnalyzeRequest, request: Request, state, checked: LM | None) -> dict:
     return ops.analyze(state.registry, lambda: get_lm(request), opts.text, opts.steer, eps=opts.eps,
                        threshold=opts.threshold, load_steer=state.resolve_steer,
-                       max_tokens=state.settings.limits.lm_max_tokens)
+                       max_tokens=state.settings.limits.lm_max_tokens, checked=checked)

@@ -137,3 +137,60 @@ def test_the_first_fit_refuses_a_steer_name_it_cannot_fit_without_loading_the_mo
         assert r.status_code == 202, r.text
         job = wait_http_job(c, r.json()["id"], headers=W)
         assert job["state"] == "succeeded" and job["result"]["ref"] == "tone:2" and calls == [1], job
+
+
+TOKENS_BAD = [  # refusals that need the token counts: (path, body, words of the message)
+    ("/v1/lm/generate", {"prompt": "   \n "}, "no tokens"),
+    ("/v1/lm/generate", {"prompt": "the film " * 21, "max_new_tokens": 2}, "limits.lm_max_tokens"),  # 42 > 40
+    ("/v1/lm/generate", {"prompt": "the film " * 19 + "the", "max_new_tokens": 30}, "64-token context"),  # 39 + 30
+    ("/v1/lm/analyze", {"text": "the film was good " * 11, "steer": "tone"}, "limits.lm_max_tokens"),  # 44
+    ("/v1/lm/analyze", {"text": "film", "steer": "tone"}, "at least 2"),  # one token: no evidence
+]
+
+
+def test_token_counts_are_refused_while_a_generation_holds_the_model(tmp_path):
+    """With the model loaded, a request refused for its token counts (an empty prompt, one over
+    limits.lm_max_tokens or the model's context, an analyze text of one token) waited in the model's queue behind
+    the running generation and got its 422 only when that ended: the check tokenizer counts them before the queue.
+    The running generate waits on the model's lock (as behind a fit's forward pass); the lock is released only
+    after the bad requests' answers, or after 60 s when they wait for it."""
+    model, tok = tiny_lm()
+    app = create_app(settings_for(tmp_path, limits=Limits(lm_max_new_tokens=30, lm_max_tokens=40)))
+    app.state.lm_provider = lambda: (model, tok)
+    out: list = []
+    with serve_in_thread(app) as base, httpx.Client(base_url=base, timeout=120) as c:
+        _steers(app)
+        assert c.post("/v1/lm/generate", headers=R, json={"prompt": "the film", "max_new_tokens": 2}).status_code == 200
+        lock = app.state.lm.lock
+        lock.acquire()
+        released = threading.Event()
+
+        def release():
+            if not released.is_set():
+                released.set()
+                lock.release()
+
+        timer = threading.Timer(60, release)  # the old code's refusals wait for the running generate: end it then
+        running = threading.Thread(target=lambda: out.append(c.post("/v1/lm/generate", headers=R, json={
+            "prompt": "the film", "max_new_tokens": 2}).status_code))
+        try:
+            running.start()
+            timer.start()
+            for _ in range(1200):  # the running generate holds the model's turn (waiting for its lock)
+                if "\nvecbridge_lm_requests_running 1.0\n" in c.get("/metrics", headers=R).text:
+                    break
+                threading.Event().wait(0.025)
+            else:
+                raise AssertionError("the generate never took the model's turn")
+            for path, body, says in TOKENS_BAD:
+                r = c.post(path, headers=R, json=body)
+                assert r.status_code == 422 and says in r.json()["error"]["message"], (body, r.text)
+                assert not released.is_set(), f"{body}: answered only after the running generate"
+        finally:
+            timer.cancel()
+            release()
+            running.join(120)
+        assert out == [200]
+        for path, body, says in TOKENS_BAD:  # the model free: the same answers
+            r = c.post(path, headers=R, json=body)
+            assert r.status_code == 422 and says in r.json()["error"]["message"], (body, r.text)
