@@ -23,17 +23,22 @@ from conftest import run_cli as run
 _task = heldout_labelled_task
 
 
-@pytest.fixture
-def files(tmp_path, capsys):
-    X, Y, Qn, Qo, rel = _task()
+def _fitted(capsys, d, task):
+    """The task's rows as files in ``d`` (old, new, q, qo, rel) and map "m" fitted on the first 300 pairs."""
+    X, Y, Qn, Qo, rel = task
     for name, a in (("old", X), ("new", Y), ("q", Qn), ("qo", Qo)):
-        write_vectors(tmp_path / f"{name}.npy", a)
-    np.save(tmp_path / "rel.npy", rel)
-    code, _, err = run(capsys, "--data-dir", tmp_path / "var", "fit", "--pairs", "--source", tmp_path / "old.npy",
-                       "--target", tmp_path / "new.npy", "--rows", "0:300", "--method", "procrustes", "--name", "m",
+        write_vectors(d / f"{name}.npy", a)
+    np.save(d / "rel.npy", rel)
+    code, _, err = run(capsys, "--data-dir", d / "var", "fit", "--pairs", "--source", d / "old.npy",
+                       "--target", d / "new.npy", "--rows", "0:300", "--method", "procrustes", "--name", "m",
                        "--quiet")
     assert code == 0, err
-    return tmp_path
+    return d
+
+
+@pytest.fixture
+def files(tmp_path, capsys):
+    return _fitted(capsys, tmp_path, _task())
 
 
 def _eval(capsys, d, *extra):
@@ -131,14 +136,7 @@ def spaced(tmp_path, capsys):
     rng = np.random.default_rng(7)
     X, Qo = (A + 3.0 * rng.normal(size=X.shape[1]).astype(np.float32) for A in (X, Qo))
     Y, Qn = (A + 3.0 * rng.normal(size=Y.shape[1]).astype(np.float32) for A in (Y, Qn))
-    for name, a in (("old", X), ("new", Y), ("q", Qn), ("qo", Qo)):
-        write_vectors(tmp_path / f"{name}.npy", a)
-    np.save(tmp_path / "rel.npy", rel)
-    code, _, err = run(capsys, "--data-dir", tmp_path / "var", "fit", "--pairs", "--source", tmp_path / "old.npy",
-                       "--target", tmp_path / "new.npy", "--rows", "0:300", "--method", "procrustes", "--name", "m",
-                       "--quiet")
-    assert code == 0, err
-    return tmp_path, (X, Y, Qn, Qo, rel)
+    return _fitted(capsys, tmp_path, (X, Y, Qn, Qo, rel)), (X, Y, Qn, Qo, rel)
 
 
 def test_eval_refuses_an_old_corpus_of_the_new_model(capsys, spaced):

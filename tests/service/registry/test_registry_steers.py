@@ -213,17 +213,20 @@ def test_maps_still_number_their_versions(reg):
     assert reg.resolve("x->y").version == 2
 
 
+def linear(seed):
+    """An 8-d Procrustes map of a random linear relation (seed ``seed``)."""
+    import align
+
+    rng = np.random.default_rng(seed)
+    X = rng.normal(size=(64, 8))
+    return align.fit_procrustes(X, X @ rng.normal(size=(8, 8)))
+
+
 def test_a_renumbering_import_keeps_a_transferred_steers_lineage(reg, tmp_path):
     """`registry import --renumber` gave the bundle's map a-b:2 the number 4 here (a-b:1 and a-b:2 here are other
     maps), but the steer transferred through it still named "a-b:2" in params.map and inputs.map: a map it never came
     through. Its source steer (renumbered too, and imported after it: "e5" sorts before "zzz") alike."""
-    import align
     from service.ops.steers import transfer_and_register
-
-    def linear(seed):
-        rng = np.random.default_rng(seed)
-        X = rng.normal(size=(64, 8))
-        return align.fit_procrustes(X, X @ rng.normal(size=(8, 8)))
 
     src = open_registry(f"sqlite:///{tmp_path}/src.sqlite", tmp_path / "src-artifacts")
     for seed in (0, 1):
@@ -258,13 +261,7 @@ def test_a_transferred_steer_exported_alone_names_the_map_it_came_through_here(r
     another map kept "a-b:2" in its lineage: a map it never came through (the one it did is a-b:3 here). The export
     records the artifact each reference named: the import names the version here with it, and where no version has
     it, keeps the reference with that artifact's sha256 beside it (``lineage_elsewhere``), never another map's."""
-    import align
     from service.ops.steers import transfer_and_register
-
-    def linear(seed):
-        rng = np.random.default_rng(seed)
-        X = rng.normal(size=(64, 8))
-        return align.fit_procrustes(X, X @ rng.normal(size=(8, 8)))
 
     src = open_registry(f"sqlite:///{tmp_path}/src.sqlite", tmp_path / "src-artifacts")
     for seed in (0, 1):
