@@ -70,14 +70,16 @@ def near_miss(new: str, known: str) -> int | None:
 
 
 def check_new_space(space: str, V, registered: Iterable, references: dict[str, list[Reference]] | Callable[[], dict],
-                    *, name: str = "the rows", option: str = "the space's name", add: str = "") -> None:
+                    *, name: str = "the rows", option: str = "the space's name", add: str = "",
+                    by: str = "a fit") -> None:
     """Rows ``V`` (n, d) that a fit or steer fit would register as the new space ``space``: refused
     (:class:`MisspeltSpaceError`) when ``space`` is a :func:`near_miss` of a registered space's name of their width
     and :func:`~service.spaces.check_rows` finds them that space's rows ("checked": its reference recognises them,
     ``references`` as there). ``registered``: the registry's spaces (SpaceInfo: ``name``, ``dim``); a registered
     ``space`` passes (registering it first is how rows of a new model near a known name go in), as do fewer than
     :data:`~align.frames.MEAN_CHECK_MIN_ROWS` rows. ``option``: how the caller's user names the space; ``add``: more
-    options of the ``spaces add`` the refusal advises (``embed --space``: the encoder, which that path needs)."""
+    options of the ``spaces add`` the refusal advises (``embed --space``: the encoder, which that path needs); ``by``:
+    what would create the space (``embed --space`` said "a fit would create it")."""
     spaces = {s.name: s.dim for s in registered}
     V = np.asarray(V)
     if space in spaces or V.ndim != 2 or V.shape[0] < MEAN_CHECK_MIN_ROWS:
@@ -92,7 +94,7 @@ def check_new_space(space: str, V, registered: Iterable, references: dict[str, l
             continue
         same = ": only case or separators differ" if d == 0 else ""
         err = MisspeltSpaceError(
-            f"space {space!r} is not registered (a fit would create it), but its name is a near miss of the registered "
+            f"space {space!r} is not registered ({by} would create it), but its name is a near miss of the registered "
             f"space {other!r} (name distance {d}{same}) and {other!r}'s reference recognises {name} as its own (mean "
             f"direction cosine {found.cosine:.2f}; rows of a space give about 0.9 with its own): a misspelling? Use "
             f"{other!r} ({option}); if they are rows of a new space (another or a fine-tuned model), register "

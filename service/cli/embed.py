@@ -58,7 +58,7 @@ def embed_cmd(obj: Ctx, texts, out, encoder, kind, rows, text_field, chunk_rows,
     def rows_check(V):  # before any row is written: a new space misspelling a registered one is refused
         if new_space[0]:
             check_new_rows(obj.registry, space, V, name=f"the texts embedded by {new_space[1]}", option="--space",
-                           add=f" --encoder {new_space[1]}")
+                           add=f" --encoder {new_space[1]}", by="`embed --space`")
 
     progress, close = progress_bar(quiet=quiet, as_json=as_json)
     try:

@@ -116,12 +116,12 @@ def check_new_side(registry, side: FitSide, X: np.ndarray | None = None, referen
 
 
 def check_new_rows(registry, space: str, X: np.ndarray, references: Callable | None = None, *, name: str,
-                   option: str, add: str = "") -> None:
+                   option: str, add: str = "", by: str = "a fit") -> None:
     """Rows ``X`` (n, d) that would register ``space`` when it is new: :func:`service.space_names.check_new_space`
     over ``registry``'s spaces and ``references()`` (default the registry's of the rows' width); ``name``,
-    ``option``, ``add`` as there. A fit's side (:func:`check_new_side`) and ``embed --space``'s rows."""
+    ``option``, ``add``, ``by`` as there. A fit's side (:func:`check_new_side`) and ``embed --space``'s rows."""
     check_new_space(space, X, registry.list_spaces(), references or (lambda: space_references(registry, X.shape[1])),
-                    name=name, option=option, add=add)
+                    name=name, option=option, add=add, by=by)
 
 
 def _translation(services, model: str, target_space: str, map_ref):

@@ -574,7 +574,8 @@ def test_embed_space_refuses_a_misspelt_new_space_before_writing(world, wordnet_
 
     code, _, err = embed("minlm")
     assert code == 2, err
-    for words in ("space 'minlm' is not registered", "near miss of the registered space 'minilm' (name distance 1)",
+    for words in ("space 'minlm' is not registered (`embed --space` would create it)",
+                  "near miss of the registered space 'minilm' (name distance 1)",
                   "recognises the texts embedded by all-MiniLM-L6-v2 as its own", "(--space)",
                   "`vecbridge spaces add minlm --dim 384 --encoder all-MiniLM-L6-v2`"):
         assert words in err, err
