@@ -65,8 +65,8 @@ class TagCalls:
 
     @call
     def delete_tag(self, name: str, version: int, key: str, *, etag: str | None = None) -> VersionRecord:
-        """Remove tag ``key`` of ``name:version`` (no error when unset): the version after, with its new ``.etag``;
-        ``etag`` as for :meth:`set_tag`."""
+        """Remove tag ``key`` of ``name:version``: the version after, with its new ``.etag`` (a tag that is not set:
+        :class:`~service.client.NotFoundError` naming those that are); ``etag`` as for :meth:`set_tag`."""
         r = yield from self._request("DELETE", f"{self._version_path(name, version)}/tags/{_seg(key)}",
                                      headers=_if_match(etag))
         return _record(r, self._decoded(r))

@@ -91,9 +91,7 @@ alias_command(registry, "Point NAME@ALIAS at VERSION (or --delete it); a bare NA
 @click.pass_obj
 def registry_tag(obj: Ctx, name, version, key, value, delete):
     """Set tag KEY of map NAME's version VERSION to VALUE (or --delete it): `registry tag minilm-e5 2 owner me`."""
-    if delete:  # removing a tag that is not set said "deleted", exit 0: a mistyped key went unnoticed
-        if key not in (obj.registry.get_version(name, version).tags or {}):
-            raise NotFoundError(f"{name}:{version} has no tag {key!r} (nothing deleted)")
+    if delete:  # a tag that is not set: NotFoundError naming those that are (exit 2; HTTP: the same 404)
         obj.registry.delete_tag(name, version, key)
         click.echo(f"deleted tag {key} of {name}:{version}")
         return

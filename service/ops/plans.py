@@ -465,7 +465,7 @@ def evaluate_map(registry, ref: str, X: np.ndarray, Y: np.ndarray, *, csls: bool
             if np.isfinite(x):
                 registry.set_tag(v.name, v.version, f"eval.{k}", x)
             elif f"eval.{k}" in (v.tags or {}):  # recall@10 of at most 10 pairs is undefined: not "nan", nor stale
-                registry.delete_tag(v.name, v.version, f"eval.{k}")
+                registry.delete_tag(v.name, v.version, f"eval.{k}", missing_ok=True)
         if why := res["top1_chance"]["undecided"]:  # of a pass only when a top-1 gate passed it (a gate of 0 can)
             why = why if min_top1 is not None and res["top1"] >= min_top1 else _said_of_figure(why)
             res["notes"].append(f"the top-1 may be chance ({why}): it is recorded with eval.top1_chance_p beside "
@@ -473,7 +473,7 @@ def evaluate_map(registry, ref: str, X: np.ndarray, Y: np.ndarray, *, csls: bool
         if "intervals" in res:  # a sample's top-1: with its interval, or it reads as exact
             registry.set_tag(v.name, v.version, "eval.top1_interval", json.dumps(list(res["intervals"]["top1"])))
         elif "eval.top1_interval" in (v.tags or {}):  # every pair ranked now: an earlier sample's interval is stale
-            registry.delete_tag(v.name, v.version, "eval.top1_interval")
+            registry.delete_tag(v.name, v.version, "eval.top1_interval", missing_ok=True)
         lab = res["retrieval"].get("labelled")
         if lab is not None and not lab["undecided"] and res["retention"] is not None:
             registry.set_tag(v.name, v.version, "eval.labelled_retention", res["retention"])
@@ -481,5 +481,5 @@ def evaluate_map(registry, ref: str, X: np.ndarray, Y: np.ndarray, *, csls: bool
         elif lab is not None:  # undefined or at chance now: stale (the other eval.* are of this run)
             for tag in ("eval.labelled_retention", "eval.labelled_retention_scope"):
                 if tag in (v.tags or {}):
-                    registry.delete_tag(v.name, v.version, tag)
+                    registry.delete_tag(v.name, v.version, tag, missing_ok=True)
     return res

@@ -467,8 +467,9 @@ class Registry(SteerRegistryMixin, PathFindingMixin):
         written); for ``delete_tag`` too."""
         return self._maps.set_tag(name, version, key, value, check=check)
 
-    def delete_tag(self, name: str, version: int, key: str, *, check=None) -> VersionInfo:
-        return self._maps.delete_tag(name, version, key, check=check)
+    def delete_tag(self, name: str, version: int, key: str, *, check=None, missing_ok: bool = False) -> VersionInfo:
+        """A tag that is not set: NotFoundError naming those that are, unless ``missing_ok``."""
+        return self._maps.delete_tag(name, version, key, check=check, missing_ok=missing_ok)
 
     def delete_version(self, name: str, version: int) -> VersionInfo:
         """Soft delete: the row and artifact stay (lineage), but the version no longer resolves; :meth:`gc` removes

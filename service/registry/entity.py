@@ -580,16 +580,23 @@ class VersionedStore:
 
         return self._write(fn)
 
-    def delete_tag(self, name: str, version: int, key: str, *, check=None) -> Record:
-        """Remove tag ``key`` of ``name:version``; the version as this write left it. ``check``: see :meth:`_tagged`."""
+    def delete_tag(self, name: str, version: int, key: str, *, check=None, missing_ok: bool = False) -> Record:
+        """Remove tag ``key`` of ``name:version``; the version as this write left it. ``check``: see :meth:`_tagged`.
+        A tag that is not set: NotFoundError naming the tags that are (a mistyped key went unnoticed), unless
+        ``missing_ok``."""
         self.check(name)
         if key not in (".", ".."):  # a dot key set before they were refused can still be removed
             check_tag_key(key)
 
         def fn(t):
             self._tagged(t, name, version, check)
-            t.q(f"DELETE FROM {self.kind.tags} WHERE name = ? AND version = ? AND key = ?", (name, int(version), key))
-            return self.get_in(t, name, int(version))
+            gone = t.one(f"DELETE FROM {self.kind.tags} WHERE name = ? AND version = ? AND key = ? RETURNING key",
+                         (name, int(version), key))
+            v = self.get_in(t, name, int(version))
+            if gone is None and not missing_ok:
+                raise NotFoundError(f"{self.kind.noun} {v.ref} has no tag {key!r}{did_you_mean(key, v.tags)}; its "
+                                    f"tags: {listed(sorted(v.tags))} (nothing deleted)")
+            return v
 
         return self._write(fn)
 

@@ -249,9 +249,8 @@ async def set_tag(name: NamePath, version: VersionPath, key: str,
                response_model=VersionOut, responses=write_responses("version"))
 async def delete_tag(name: NamePath, version: VersionPath, key: str, state: StateDep,
                      if_match: IfMatchVersion = None):
-    """The version without tag `key` (a tag that is not set: the version as it is, so a retried delete answers the
-    same). The tag could be set over HTTP but removed only by the CLI (`registry tag --delete`). `If-Match` as for
-    `PUT`."""
+    """The version without tag `key`. A tag that is not set: 404 naming the tags that are (nothing deleted), as
+    `registry tag --delete` refuses it. `If-Match` as for `PUT`."""
     return _tagged(await run_in_threadpool(lambda: state.registry.delete_tag(
         name, version, key, check=version_check(if_match, name, version))))
 

@@ -214,7 +214,7 @@ def test_removing_what_is_not_there_says_so(capsys, data):
     assert run(capsys, *var, "fit", "--source", str(data / "src.npy"), "--target", str(data / "tgt.npy"),
                "--method", "procrustes", "--name", "m", "--quiet")[0] == 0
     rc, out, err = run(capsys, *var, "registry", "tag", "m", "1", "nokey", "--delete")
-    assert rc == 2 and out == "" and "m:1 has no tag 'nokey' (nothing deleted)" in err, (out, err)
+    assert rc == 2 and out == "" and "m:1 has no tag 'nokey'; its tags: none (nothing deleted)" in err, (out, err)
     assert run(capsys, *var, "registry", "tag", "m", "1", "owner", "me")[0] == 0
     assert run(capsys, *var, "registry", "tag", "m", "1", "owner", "--delete")[1] == "deleted tag owner of m:1\n"
     rc, out, err = run(capsys, *var, "registry", "alias", "nope", "prod", "--delete")

@@ -1,0 +1,61 @@
+"""Registry findings of a QA pass (session 56): the CLI and HTTP answered the same registry write differently.
+
+Each test runs on SQLite and on PostgreSQL (the ``reg`` fixture), through the registry, the CLI and HTTP.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from _api_support import W, settings_for
+from conftest import run_cli
+from fastapi.testclient import TestClient
+
+import align
+from service.api.app import create_app
+from service.registry import ConflictError, NotFoundError
+
+
+def _register(reg, seed: int, name: str = "a->b", **kw):
+    rng = np.random.default_rng(seed)
+    X = rng.standard_normal((64, 8))
+    Q, _ = np.linalg.qr(rng.standard_normal((8, 8)))
+    return reg.register_version(name, align.fit_procrustes(X, X @ Q), source_space="a", target_space="b",
+                                method="procrustes", params={}, **kw)
+
+
+def _cli(capsys, reg, tmp_path, *args):
+    return run_cli(capsys, "--data-dir", tmp_path / "cli", "--registry-url", reg.url, "registry", *args)
+
+
+@pytest.fixture
+def http(reg, tmp_path):
+    """A TestClient of an app on ``reg``'s database (each backend)."""
+    app = create_app(settings_for(tmp_path, registry_url=reg.url))
+    with TestClient(app) as c:
+        yield c
+
+
+def test_removing_a_tag_that_is_not_set_is_refused_alike_by_http_and_the_cli(reg, tmp_path, capsys, http):
+    """``DELETE .../tags/{key}`` of a tag that is not set answered 200 (the version as it was) while ``registry tag
+    ... --delete`` refused it (exit 2, its own check before the write): a mistyped key went unnoticed over HTTP. The
+    registry refuses it now (NotFoundError naming the tag and the tags that are set), so HTTP says 404 and the CLI
+    exits 2 with the same words; nothing is deleted."""
+    _register(reg, 1)
+    reg.set_tag("a->b", 1, "owner", "me")
+    reg.set_tag("a->b", 1, "team", "search")
+    with pytest.raises(NotFoundError) as e:
+        reg.delete_tag("a->b", 1, "ownr")
+    words = "map a->b:1 has no tag 'ownr' (did you mean 'owner'?); its tags: 'owner', 'team' (nothing deleted)"
+    assert str(e.value) == words
+    r = http.delete("/v1/maps/a->b/versions/1/tags/ownr", headers=W)
+    assert r.status_code == 404 and r.json()["error"]["message"] == words, r.text
+    rc, out, err = _cli(capsys, reg, tmp_path, "tag", "a->b", "1", "ownr", "--delete")
+    assert rc == 2 and out == "" and words in err, (out, err)
+    assert reg.get_version("a->b", 1).tags == {"owner": "me", "team": "search"}  # nothing deleted
+    r = http.delete("/v1/maps/a->b/versions/1/tags/owner", headers=W)
+    assert r.status_code == 200 and r.json()["tags"] == {"team": "search"}, r.text
+    r = http.delete("/v1/maps/a->b/versions/1/tags/owner", headers=W)  # a retried delete: gone already
+    assert r.status_code == 404 and "its tags: 'team'" in r.json()["error"]["message"], r.text
+    assert reg.delete_tag("a->b", 1, "owner", missing_ok=True).tags == {"team": "search"}  # eval --record's way
+
