@@ -464,7 +464,7 @@ class Registry(SteerRegistryMixin, PathFindingMixin):
 
     def set_tag(self, name: str, version: int, key: str, value, *, check=None) -> VersionInfo:
         """``check(record)``: a precondition on the version as it is in the write's transaction (raises: nothing
-        written); for ``delete_tag`` too."""
+        written); for ``delete_tag`` too. A deleted version: ConflictError."""
         return self._maps.set_tag(name, version, key, value, check=check)
 
     def delete_tag(self, name: str, version: int, key: str, *, check=None, missing_ok: bool = False) -> VersionInfo:

@@ -551,7 +551,7 @@ class VersionedStore:
         return AliasMovedError(f"{self.kind.noun} {name}@{alias} {where}, expected {wanted}: not {done} ({why})",
                                current)
 
-    def _tagged(self, t, name: str, version: int, check) -> None:
+    def _tagged(self, t, name: str, version: int, check) -> Record:
         """Before a tag write of ``name:version`` (NotFoundError when there is none): its row locked (PostgreSQL's
         ``FOR UPDATE``; SQLite has one writer anyway), so tag writes of a version run one after the other, and
         ``check(record)`` (a precondition: it raises to write nothing) on the record as it is now."""
@@ -561,15 +561,19 @@ class VersionedStore:
         record = self.get_in(t, name, int(version))
         if check is not None:
             check(record)
+        return record
 
     def set_tag(self, name: str, version: int, key: str, value, *, check=None) -> Record:
-        """Set tag ``key`` of ``name:version`` to ``value`` as text; ``check``: see :meth:`_tagged`."""
+        """Set tag ``key`` of ``name:version`` to ``value`` as text; ``check``: see :meth:`_tagged`. Deleted version:
+        ConflictError, as :meth:`set_alias` (removing a tag from one is allowed)."""
         self.check(name)
         check_tag_key(key)
         value = check_tag_value(value, key)
 
         def fn(t):
-            self._tagged(t, name, version, check)
+            if self._tagged(t, name, version, check).deleted:
+                raise ConflictError(f"cannot set tag {key!r} on deleted version {int(version)} of {self.kind.noun} "
+                                    f"{name!r}")
             others = t.one(f"SELECT count(*) FROM {self.kind.tags} WHERE name = ? AND version = ? AND key <> ?",
                            (name, int(version), key))[0]
             check_tag_count(int(others) + 1, f"{self.kind.noun} {name}:{int(version)}")

@@ -234,12 +234,13 @@ def _tagged(v) -> Response:
 
 @router.put("/maps/{name}/versions/{version}/tags/{key}", dependencies=[WriteScope, JSONOnly],
             summary="Set a tag", response_model=VersionOut,
-            responses={**error_responses(415), **write_responses("version")})
+            responses={**error_responses(409, 415), **write_responses("version")})
 async def set_tag(name: NamePath, version: VersionPath, key: str,
                   body: Annotated[TagSet, Body(openapi_examples=examples("set_tag"))], state: StateDep,
                   if_match: IfMatchVersion = None):
     """Tags are text: a string is stored as sent, any other JSON value as its compact JSON (`true`, `null`,
-    `{"a":1}`, `0.5`). `If-Match` with the version's `ETag`: only while the version is as read, else 412."""
+    `{"a":1}`, `0.5`). `If-Match` with the version's `ETag`: only while the version is as read, else 412. A deleted
+    version: 409 (as for an alias)."""
     value = body.value if isinstance(body.value, str) else dumps(body.value).decode()
     check = version_check(if_match, name, version)
     return _tagged(await run_in_threadpool(lambda: state.registry.set_tag(name, version, key, value, check=check)))

@@ -164,10 +164,9 @@ def test_find_path_follows_the_documented_rule_on_random_registries(r):
                 last = reg.list_versions(step[1])[-1]
                 if not last.deleted:
                     reg.delete_version(last.name, last.version)
-            else:
-                last = reg.list_versions(step[1])[-1]
-                reg.set_tag(last.name, last.version, "eval.top1", step[2])
-                reg.set_tag(last.name, last.version, "eval.n_candidates", 1000)
+            elif not (last := reg.list_versions(step[1])[-1]).deleted:  # eval --record: a live version only (a
+                reg.set_tag(last.name, last.version, "eval.top1", step[2])  # deleted one does not resolve nor
+                reg.set_tag(last.name, last.version, "eval.n_candidates", 1000)  # take tags)
         succ: dict[str, list] = {}
         for name in sorted({s[1] for s in steps}):
             live = [v for v in reg.list_versions(name) if not v.deleted]

@@ -59,3 +59,23 @@ def test_removing_a_tag_that_is_not_set_is_refused_alike_by_http_and_the_cli(reg
     assert r.status_code == 404 and "its tags: 'team'" in r.json()["error"]["message"], r.text
     assert reg.delete_tag("a->b", 1, "owner", missing_ok=True).tags == {"team": "search"}  # eval --record's way
 
+
+def test_a_tag_is_not_set_on_a_deleted_version(reg, tmp_path, capsys, http):
+    """An alias on a deleted version is refused (409 / exit 2) but a tag was set on one, over HTTP and by the CLI
+    (``registry tag a->b 1 owner me`` answered ``a->b:1 owner=me``). Refused alike now, nothing written; a tag on
+    it can still be removed (cleaning up is not annotating)."""
+    _register(reg, 1)
+    _register(reg, 2)
+    reg.set_tag("a->b", 1, "old", "x")
+    reg.delete_version("a->b", 1)
+    with pytest.raises(ConflictError, match="cannot set tag 'owner' on deleted version 1 of map 'a->b'"):
+        reg.set_tag("a->b", 1, "owner", "me")
+    r = http.put("/v1/maps/a->b/versions/1/tags/owner", json={"value": "me"}, headers=W)
+    assert r.status_code == 409 and "cannot set tag 'owner' on deleted version 1" in r.json()["error"]["message"]
+    rc, out, err = _cli(capsys, reg, tmp_path, "tag", "a->b", "1", "owner", "me")
+    assert rc == 2 and out == "" and "cannot set tag 'owner' on deleted version 1 of map 'a->b'" in err, (out, err)
+    assert reg.get_version("a->b", 1).tags == {"old": "x"}
+    doc = http.get("/openapi.json").json()
+    assert "409" in doc["paths"]["/v1/maps/{name}/versions/{version}/tags/{key}"]["put"]["responses"]
+    assert reg.delete_tag("a->b", 1, "old").tags == {}
+    assert reg.set_tag("a->b", 2, "owner", "me").tags == {"owner": "me"}  # a live version: as before
