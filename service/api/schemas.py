@@ -425,6 +425,10 @@ VersionOut = record_model("VersionOut", VersionInfo)
 class VersionDeleted(VersionOut):
     bare_ref: str | None = Field(None, description="`name:N`: what a bare NAME resolves to now (its live `prod` "
                                  "version, else the best reliable one); null when none (left, or reliable).")
+    already_deleted: bool = Field(False, description="True when the version was deleted before this request "
+                                  "(nothing changed: a repeated delete answers 200 too, without a second delete).")
+    deleted_at: str | None = Field(None, description="When the version was deleted: the first delete's time (null "
+                                   "when an older release deleted it without one).")
 
 
 class VersionList(Page):

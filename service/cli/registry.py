@@ -108,7 +108,10 @@ def registry_tag(obj: Ctx, name, version, key, value, delete):
 def registry_delete(obj: Ctx, name, version):
     """Soft-delete version VERSION of map NAME (kept for lineage; no longer resolves; `registry gc` frees its files):
     `registry delete minilm-e5 2`. `registry prune` deletes every version beyond the newest N at once."""
-    v = obj.registry.delete_version(name, version)
+    v, already, when = obj.registry.delete_version_once(name, version)
+    if already:  # said "deleted" again, and warned of its aliases again: as if this delete had changed something
+        click.echo(f"{name}:{version} was already deleted{f' (at {when})' if when else ''}; nothing changed")
+        return
     click.echo(f"deleted {name}:{version}")
     if v.aliases:  # the aliases stay on the deleted version (lineage); say what that changes for their users
         try:

@@ -476,6 +476,11 @@ class Registry(SteerRegistryMixin, PathFindingMixin):
         the files of deleted versions."""
         return self._maps.delete(name, version)
 
+    def delete_version_once(self, name: str, version: int) -> tuple[VersionInfo, bool, str | None]:
+        """:meth:`delete_version`, and whether it was deleted before (and when): see
+        :meth:`~.entity.VersionedStore.delete_once`."""
+        return self._maps.delete_once(name, version)
+
     # --- maintenance ------------------------------------------------------------------------
     def verify(self, sweep: bool = False) -> dict:
         """:func:`.verify.verify_registry`: the database file, every artifact and alias, version numbers."""

@@ -607,14 +607,21 @@ class VersionedStore:
     def delete(self, name: str, version: int) -> Record:
         """Soft delete: the row and artifact stay (lineage), but the version no longer resolves; ``deleted_at`` is the
         first delete's time (``registry gc --older-than`` reads it; gc removes the files, the row stays)."""
+        return self.delete_once(name, version)[0]
+
+    def delete_once(self, name: str, version: int) -> tuple[Record, bool, str | None]:
+        """:meth:`delete`, whether the version was deleted before (nothing written then), and ``deleted_at``, the
+        first delete's time (None when not known: a row an older release deleted), so a repeated delete can say so."""
         self.check(name)
 
         def fn(t):
-            self.get_in(t, name, int(version))
-            self.mark_deleted(t, name, [int(version)])
+            if not (already := self.get_in(t, name, int(version)).deleted):
+                self.mark_deleted(t, name, [int(version)])
+            return already, t.one(f"SELECT deleted_at FROM {self.kind.table} WHERE name = ? AND version = ?",
+                                  (name, int(version)))["deleted_at"]
 
-        self._write(fn)
-        return self.get(name, int(version))
+        already, when = self._write(fn)
+        return self.get(name, int(version)), already, when
 
     def lock_name(self, t, name: str) -> None:
         """Inside a write transaction: lock ``name``'s row (PostgreSQL ``FOR UPDATE``; SQLite has one writer), so

@@ -163,15 +163,17 @@ async def get_version(name: NamePath, version: VersionPath, state: StateDep, if_
                summary="Delete a version (soft: kept for lineage, no longer resolvable)", response_model=VersionDeleted)
 async def delete_version(name: NamePath, version: VersionPath, state: StateDep):
     """The deleted version, and `bare_ref`: what a bare NAME resolves to now (aliases stay on the deleted version and
-    no longer resolve; when `prod` was one of them, the bare name falls to the best live version), as steers say."""
+    no longer resolve; when `prod` was one of them, the bare name falls to the best live version), as steers say.
+    A version deleted before: 200 too, `already_deleted` true and `deleted_at` the first delete's time."""
     def work():
-        v = state.registry.delete_version(name, version)
+        v, already, when = state.registry.delete_version_once(name, version)
         bare = state.registry.resolve_bare(name)
         if bare is None and state.metrics.multiprocess is None:  # no version left to use: the name's counters leave
             with contextlib.suppress(Exception):  # /metrics (they stayed for every name ever used); the delete stands
                 if not state.registry.live_map_names([name]):
                     state.metrics.map_dropped(name)
-        return {**v.to_dict(), "bare_ref": bare.ref if bare is not None else None}
+        return {**v.to_dict(), "bare_ref": bare.ref if bare is not None else None, "already_deleted": already,
+                "deleted_at": when}
 
     return FastJSONResponse(await run_in_threadpool(work))
 

@@ -79,3 +79,25 @@ def test_a_tag_is_not_set_on_a_deleted_version(reg, tmp_path, capsys, http):
     assert "409" in doc["paths"]["/v1/maps/{name}/versions/{version}/tags/{key}"]["put"]["responses"]
     assert reg.delete_tag("a->b", 1, "old").tags == {}
     assert reg.set_tag("a->b", 2, "owner", "me").tags == {"owner": "me"}  # a live version: as before
+
+
+def test_deleting_a_deleted_version_says_it_was_deleted_already(reg, tmp_path, capsys, http):
+    """A second ``registry delete a->b 2`` said "deleted a->b:2" (exit 0) and warned again that its aliases no longer
+    resolve; HTTP answered as for the first delete. Still idempotent (exit 0, 200), but it says the version was
+    deleted already, and when (the first delete's time, kept), and warns of nothing."""
+    _register(reg, 1)
+    _register(reg, 2, alias="prod")
+    rc, out, err = _cli(capsys, reg, tmp_path, "delete", "a->b", "2")
+    assert rc == 0 and out == "deleted a->b:2\n" and "alias(es) prod still point at a->b:2" in err, (out, err)
+    rc, out, err = _cli(capsys, reg, tmp_path, "delete", "a->b", "2")
+    assert rc == 0 and out.startswith("a->b:2 was already deleted (at ") and err == "", (out, err)
+    when = out.split("(at ")[1].split(")")[0]
+    assert out == f"a->b:2 was already deleted (at {when}); nothing changed\n"
+    r = http.delete("/v1/maps/a->b/versions/2", headers=W)
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["deleted"] and body["already_deleted"] is True and body["deleted_at"] == when, body
+    assert body["bare_ref"] == "a->b:1"
+    r = http.delete("/v1/maps/a->b/versions/1", headers=W)  # a first delete says so too
+    assert r.status_code == 200 and r.json()["already_deleted"] is False and r.json()["deleted_at"], r.text
+    assert reg.delete_version_once("a->b", 1)[2] == r.json()["deleted_at"]  # the first delete's time stays
