@@ -585,6 +585,8 @@ class SteerDeleted(SteerOut):
     bare_ref: str | None = Field(None, description="`name:N`: what a bare NAME resolves to now (its live `prod` "
                                  "version, else its newest live one not flagged unreliable); null when it means "
                                  "none (no live version left, or only flagged ones).")
+    already_deleted: bool = Field(False, description=VersionDeleted.model_fields["already_deleted"].description)
+    deleted_at: str | None = Field(None, description=VersionDeleted.model_fields["deleted_at"].description)
 
 
 class SteerTransferred(SteerOut):

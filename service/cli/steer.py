@@ -97,7 +97,10 @@ def steer_show(obj: Ctx, ref, as_json):
 @click.pass_obj
 def steer_delete(obj: Ctx, name, version):
     """Soft-delete version VERSION of steer NAME (kept for lineage; no longer resolves): `steer delete formal 2`."""
-    v = delete_steer_version(obj.registry, name, version)
+    v, already, when = delete_steer_version(obj.registry, name, version)
+    if already:  # as `registry delete`: no second "deleted", nor the alias warning again
+        click.echo(f"steer {name}:{version} was already deleted{f' (at {when})' if when else ''}; nothing changed")
+        return
     click.echo(f"deleted steer {name}:{version}")
     if v.aliases:  # the aliases stay on the deleted version (lineage); say what that changes for their users
         bare = bare_steer_ref(obj.registry, name)

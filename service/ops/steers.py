@@ -520,8 +520,9 @@ def delete_steer_alias(registry, name: str, alias: str, *, expected=None) -> Non
 
 
 def delete_steer_version(registry, name: str, version: int):
-    """Soft-delete one steer version (kept for lineage, no longer resolvable)."""
-    return registry.delete_steer_version(name, int(version))
+    """Soft-delete one steer version (kept for lineage, no longer resolvable): ``(record, deleted before?, the first
+    delete's time)``."""
+    return registry.delete_steer_version_once(name, int(version))
 
 
 def bare_steer_ref(registry, name: str) -> str | None:

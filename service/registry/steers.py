@@ -144,3 +144,7 @@ class SteerRegistryMixin:
     def delete_steer_version(self, name: str, version: int) -> SteerInfo:
         """Soft delete: the row and artifact stay (lineage), the version no longer resolves."""
         return self.entities["steers"].delete(name, version)
+
+    def delete_steer_version_once(self, name: str, version: int) -> tuple[SteerInfo, bool, str | None]:
+        """:meth:`delete_steer_version`, whether it was deleted before (nothing written) and when, as for maps."""
+        return self.entities["steers"].delete_once(name, version)

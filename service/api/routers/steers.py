@@ -157,10 +157,11 @@ async def delete_steer_alias(name: NamePath, alias: AliasPath, state: StateDep, 
 async def delete_steer_version(name: NamePath, version: VersionPath, state: StateDep):
     """The deleted version, and `bare_ref`: what a bare NAME resolves to now. Aliases stay on the deleted version
     (they no longer resolve); when `prod` was one of them, the bare name falls to the newest live version not
-    flagged unreliable (`bare_ref` null: none)."""
+    flagged unreliable (`bare_ref` null: none). A version deleted before: 200 too, `already_deleted` true."""
     def work():
-        info = steer_ops.delete_steer_version(state.registry, name, version)
-        return {**info.to_dict(), "bare_ref": steer_ops.bare_steer_ref(state.registry, name)}
+        info, already, when = steer_ops.delete_steer_version(state.registry, name, version)
+        return {**info.to_dict(), "bare_ref": steer_ops.bare_steer_ref(state.registry, name),
+                "already_deleted": already, "deleted_at": when}
 
     return FastJSONResponse(await run_in_threadpool(work))
 

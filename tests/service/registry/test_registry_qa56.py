@@ -101,3 +101,22 @@ def test_deleting_a_deleted_version_says_it_was_deleted_already(reg, tmp_path, c
     r = http.delete("/v1/maps/a->b/versions/1", headers=W)  # a first delete says so too
     assert r.status_code == 200 and r.json()["already_deleted"] is False and r.json()["deleted_at"], r.text
     assert reg.delete_version_once("a->b", 1)[2] == r.json()["deleted_at"]  # the first delete's time stays
+
+
+def test_deleting_a_deleted_steer_version_says_it_was_deleted_already(reg, tmp_path, capsys, http):
+    """As for maps: a second ``steer delete`` said "deleted steer ..." and warned of its aliases again."""
+    from align.steer import Steer
+
+    rng = np.random.default_rng(0)
+    for seed in (1, 2):
+        reg.register_steer("pos", Steer(rng.normal(size=(8, 2)), rng.normal(size=(8, 2)), {"seed": seed}), space="b")
+    reg.set_steer_alias("pos", "prod", 2)
+    steer = ["--data-dir", tmp_path / "cli", "--registry-url", reg.url, "steer", "delete", "pos", "2"]
+    rc, out, err = run_cli(capsys, *steer)
+    assert rc == 0 and out == "deleted steer pos:2\n" and "alias(es) prod still point at steer pos:2" in err, err
+    rc, out, err = run_cli(capsys, *steer)
+    assert rc == 0 and out.startswith("steer pos:2 was already deleted (at ") and err == "", (out, err)
+    when = out.split("(at ")[1].split(")")[0]
+    r = http.delete("/v1/steers/pos/versions/2", headers=W)
+    assert r.status_code == 200 and r.json()["already_deleted"] is True and r.json()["deleted_at"] == when, r.text
+    assert r.json()["bare_ref"] == "pos:1"
