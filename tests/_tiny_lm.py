@@ -31,3 +31,19 @@ def tiny_lm():
     tk.pre_tokenizer = Whitespace()
     tok = PreTrainedTokenizerFast(tokenizer_object=tk, unk_token="[UNK]", pad_token="[PAD]")
     return model, tok
+
+
+def held_tiny_lm(wait_s: float):
+    """A provider of :func:`tiny_lm` whose load is held: ``(provider, loading, release)``; ``loading`` is set when the
+    provider is called, which then waits (at most ``wait_s`` s, else its assertion fails) for ``release``."""
+    import threading
+
+    model, tok = tiny_lm()
+    loading, release = threading.Event(), threading.Event()
+
+    def provider():
+        loading.set()
+        assert release.wait(wait_s)
+        return model, tok
+
+    return provider, loading, release

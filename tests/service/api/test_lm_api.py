@@ -15,7 +15,7 @@ from align.steer import Steer  # noqa: E402
 from service.api import create_app  # noqa: E402
 from service.lm import steering as S  # noqa: E402
 from service.lm.model import LMUnavailableError  # noqa: E402
-from _tiny_lm import tiny_lm  # noqa: E402
+from _tiny_lm import held_tiny_lm, tiny_lm  # noqa: E402
 from _api_support import R, W, settings_for  # noqa: E402
 
 POS = ["the film was good", "a great movie and lovely music", "the story was happy and fine",
@@ -213,16 +213,7 @@ def test_the_first_fit_answers_at_once_and_loads_the_model_in_its_job(tmp_path):
     """QA: the first POST /v1/lm/steers on a fresh server blocked ~70 s (SmolLM2 loading) before its 202. Now the
     202 comes while the model is still loading; the job says "loading model", then fits; the checks that need no
     model still refuse before any job exists."""
-    import threading
-
-    model, tok = tiny_lm()
-    release, loading = threading.Event(), threading.Event()
-
-    def slow():
-        loading.set()
-        assert release.wait(60)
-        return model, tok
-
+    slow, loading, release = held_tiny_lm(60)
     app = create_app(settings_for(tmp_path))
     app.state.lm_provider = slow
     fit = {"name": "tone", "texts": POS + NEG, "labels": [1] * 6 + [-1] * 6, "rank": 2, "steps": 5}

@@ -19,7 +19,7 @@ pytest.importorskip("transformers")
 from _api_support import R, W, settings_for
 from _jobs_support import wait_http_job
 from _servers import serve_in_thread
-from _tiny_lm import tiny_lm
+from _tiny_lm import held_tiny_lm, tiny_lm
 
 from align.steer import Steer
 from service.api import create_app
@@ -82,14 +82,7 @@ def test_a_bad_request_is_refused_while_the_first_request_loads_the_model(tmp_pa
     """The first generate holds the model's turn while the model loads: a bad request behind it is answered at
     once, not after the load (the provider is released only after the bad requests' answers, or after 60 s when
     they wait for it)."""
-    model, tok = tiny_lm()
-    loading, release = threading.Event(), threading.Event()
-
-    def slow():
-        loading.set()
-        assert release.wait(120)
-        return model, tok
-
+    slow, loading, release = held_tiny_lm(120)
     app = _app(tmp_path, slow)
     out: list = []
     timer = threading.Timer(60, release.set)  # the old code's bad requests wait for the load: end it then
