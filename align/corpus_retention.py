@@ -23,12 +23,10 @@ from .chain import check_map_documents
 from .exceptions import EmptyInputError
 from .frames import unit_rows
 from .knn import knn
+from .plan import DUPLICATE_COS, LabelledProbe
 from .validation import as_matrix, check_random_state
 
 __all__ = ["corpus_retention"]
-
-#: a corpus row this close (cosine) to a held-out document's old vector is that document again: not a distractor
-DUPLICATE_COS = 0.9999
 
 
 def corpus_retention(map_, X_src, Y_tgt, queries, relevant, old_queries, X_corpus, *, random_state=0,
@@ -49,8 +47,6 @@ def corpus_retention(map_, X_src, Y_tgt, queries, relevant, old_queries, X_corpu
     "n_queries"}``; ``retention`` is None (and the interval too) when the native estimate is undefined (no query
     finds its document among the held-out ones with one of the models).
     """
-    from .plan import LabelledProbe
-
     X, Y = check_map_documents(map_, X_src, Y_tgt, "corpus_retention")
     C = as_matrix(X_corpus, name=corpus_name, dim=X.shape[1])
     lab = LabelledProbe(queries, old_queries, relevant, X, Y, rows="held-out document")
@@ -65,12 +61,12 @@ def corpus_retention(map_, X_src, Y_tgt, queries, relevant, old_queries, X_corpu
                               f"out for the held-out figure")
     val = np.arange(X.shape[0])
     lab.prepare(val, corpus, ~dup, rng)
-    lab.estimate(map_, X, C, ~dup)  # the rows as given, mapped as transform maps them (and the held-out ones)
-    native = lab.native_estimate()
+    r = lab.estimate(map_, X, C, ~dup)  # the rows as given, mapped as transform maps them (and the held-out ones)
+    native = lab.native_estimate()  # NaN, or 0, exactly where r is NaN
     migrated = float(lab.last_hits.mean())
-    ok = np.isfinite(native) and native > 0
+    ok = bool(np.isfinite(r))
     interval = [float(v) for v in lab.interval(rng)] if ok else None
-    return {"retention": float(migrated / native) if ok else None, "retention_interval": interval,
+    return {"retention": r if ok else None, "retention_interval": interval,
             "migrated_r10": migrated, "native_r10": float(native) if ok else None,
             "native_r10_heldout": float(lab.nat_fall[:, -1].mean()),
             "old_r10_heldout": float(lab.old_fall[:, -1].mean()), "old_r10_corpus": float(lab.old_full.mean()),

@@ -131,6 +131,9 @@ LABELLED_NOTE = ("predicted retention is of your labelled queries, estimated for
                  "query sample's own uncertainty")
 
 
+#: a corpus row at least this close (cosine) to a probe or held-out row repeats it: it is that text, no distractor
+DUPLICATE_COS = 0.9999
+
 class LabelledProbe:
     r"""Labelled queries over a probe, for :func:`plan_migration`: a retention estimate for the whole corpus.
 
@@ -450,7 +453,7 @@ def plan_migration(X_old, probe_src, probe_tgt, *, random_state=0, target_retent
     T_val = unit_rows(B[val])
     extra = unit_rows(Xo[rows])  # mapped as A[val] is: each candidate's frame is unit_in, no normalize=False
     S_dup, I_dup = knn(extra, unit_rows(A), 1)  # the probe's own texts inside the corpus are not distractors
-    dup = S_dup[:, 0] >= 0.9999
+    dup = S_dup[:, 0] >= DUPLICATE_COS
     if lab is not None:
         lab.prepare(val, extra, ~dup, rng)
         check_queries_find_relevant(float(lab.nat_fall[:, -1].mean()), float(lab.old_fall[:, -1].mean()),
@@ -485,7 +488,8 @@ def plan_migration(X_old, probe_src, probe_tgt, *, random_state=0, target_retent
                 done += 1
                 report("learning curve", done / n_fits)
             curve[m].append({"k": k, "mean": float(np.mean(vals)), "spread": float(np.std(vals))})
-            hits[m].append(maps)
+            if lab is None:  # the labelled estimate keeps its own per-query hits
+                hits[m].append(maps)
             if lab is not None and k == top:  # the query sample's own uncertainty, at the largest K
                 lo, hi = lab.interval(rng)
                 curve[m][-1]["query_interval"] = [lo, hi]
