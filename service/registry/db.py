@@ -23,13 +23,12 @@ from .errors import DamagedDatabaseError, IntegrityError, InvalidNameError, Regi
 from .postgres import (  # re-exported; the PostgreSQL settings (PG_*_S, PG_POOL_SIZE) are read from postgres.py only
     PostgresDB,
     pg_conninfo,
-    refused_for_good,
     statement_timeout_ms,
 )
-from .schema import BACKFILLS, PROBE_SQL, SCHEMA, UPGRADES, add_column
+from .schema import SCHEMA, UPGRADES, add_column
 
 __all__ = ["open_db", "pg_conninfo", "sqlite_path", "SQLiteDB", "PostgresDB", "SCHEMA", "UPGRADES", "Row", "Tx",
-           "BaseDB", "BACKFILLS", "PROBE_SQL", "refused_for_good", "statement_timeout_ms"]
+           "BaseDB", "statement_timeout_ms"]
 
 _HEADER_FDS: dict[tuple[str, int], tuple[int, int, int]] = {}  # (path, pid) -> (fd, st_dev, st_ino)
 _HEADER_LOCK = threading.Lock()
