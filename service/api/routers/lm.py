@@ -146,8 +146,7 @@ def create_lm_steer(body: bytes, request, state, settings):
                                    f"per LM steer fit (limits.lm_max_fit_texts)")
     app_state = request.app.state
     provider = getattr(app_state, "lm_provider", None)
-    ops.check_lm_available(app_state, provider)  # no LM here at all: a 503 now, without loading one
-    loaded = getattr(app_state, "lm", None)
+    loaded = _loaded_or_available(request)  # no LM here at all: a 503 now, without loading one
     if loaded is not None:  # the checks that need the model (rank, one-token sides, the steer's space): now
         spec = ops.prepare_fit(state.registry, loaded, spec)
     else:  # those that need the registry only (a steer name in an embedding space, a rank above its LM space's)
