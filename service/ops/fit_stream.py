@@ -34,10 +34,12 @@ from align.validation import pair_groups
 from ..distributed import pair_stats_local
 from ..io import FormatError, iter_chunks, load_npy, parse_rows, resolve_rows
 
-__all__ = ["STREAM_METHODS", "SHARD_ROWS", "PairFiles", "pair_files"]
+__all__ = ["CLOSED_FORM", "STREAM_METHODS", "SHARD_ROWS", "PairFiles", "pair_files"]
 
-#: the families fitted from additive statistics (:mod:`align.procrustes`)
-STREAM_METHODS = ("procrustes", "ridge", "lowrank")
+#: the closed-form families, fitted from additive statistics (:mod:`align.procrustes`): their fit functions
+CLOSED_FORM = {"procrustes": fit_procrustes, "ridge": fit_ridge, "lowrank": fit_lowrank}
+#: the families a fit streams from its files
+STREAM_METHODS = tuple(CLOSED_FORM)
 #: rows a block: ``align.fit_procrustes``'s own (its frame sums and pair statistics go by 65,536 rows)
 SHARD_ROWS = 65536
 
@@ -170,8 +172,7 @@ class PairFiles:
         wide (a small cross-validation fold) are fitted in memory, as before: ``align.fit_<method>`` solves the dual
         system on rows it holds, which merged statistics no longer hold."""
         if rows is not None and rows.size < self.X.shape[1]:
-            fit = {"procrustes": fit_procrustes, "ridge": fit_ridge, "lowrank": fit_lowrank}[method]
-            return fit(self.source.take(rows), self.target.take(rows), **params)
+            return CLOSED_FORM[method](self.source.take(rows), self.target.take(rows), **params)
         params = dict(params)
         normalize = params.pop("normalize", True)
         params.pop("center", None)  # True: pair_files streams no other

@@ -37,6 +37,7 @@ from ..reports import inner_timings
 from ..spaces import check_fit_spaces
 from .embeddings import FitSide, check_pairs, embed, embed_side, fit_side
 from .fit_report import fit_report, write_fit_report
+from .fit_stream import CLOSED_FORM  # the closed-form paired fits: cheap enough to cross-validate
 from .plans import MIGRATION_METHODS, check_semi_supervised, fit_migration_map
 from .unpaired import UNPAIRED, check_unpaired, check_unpaired_method
 
@@ -46,8 +47,6 @@ __all__ = ["run_fit", "fit_map", "unreliable_note", "METHODS", "SUPERVISED", "Fi
 
 METHODS = ("minivec2vec", "procrustes", "ridge", "lowrank", "auto", "contrastive", "cluster")
 SUPERVISED = ("procrustes", "ridge", "lowrank", "auto", "contrastive", "cluster")
-#: the closed-form paired fits (fitted from additive statistics; cheap enough to cross-validate)
-_CLOSED_FORM = {"procrustes": align.fit_procrustes, "ridge": align.fit_ridge, "lowrank": align.fit_lowrank}
 _LOWRANK_NEEDS_RANK = "lowrank (align.fit_lowrank's rank-k map) needs a rank: params.rank (CLI: --param rank=N)"
 _DIAG_SAMPLE = 4096
 _PLOT_SAMPLE = 1500
@@ -87,7 +86,7 @@ def fit_map(X: np.ndarray, Y: np.ndarray, *, method: str, params: dict, paired: 
                 raise InputError(f"--ray runs procrustes, ridge and lowrank fits; {method} runs in-process")
             return fit_migration_map(X, Y, method=method, params=params, random_state=random_state,
                                      progress=progress, **unpaired)
-        fn = _CLOSED_FORM[method]
+        fn = CLOSED_FORM[method]
         if method == "lowrank" and "rank" not in params:
             raise InputError(_LOWRANK_NEEDS_RANK)
         try:
@@ -162,9 +161,9 @@ def _heldout_top1(map_, X, Y, method: str, params: dict, random_state, stream=No
         return {"heldout_top1": float(chosen["query_recall@1"]), "heldout_n_candidates": int(sel["n_holdout"]),
                 "heldout_n_queries": int(sel["n_holdout"]), "heldout_n_compared": int(sel.get("n_compared", 1)),
                 "heldout_source": SPLIT}
-    if method not in _CLOSED_FORM or X.shape[0] < 10:
+    if method not in CLOSED_FORM or X.shape[0] < 10:
         return {}
-    fn = _CLOSED_FORM[method]
+    fn = CLOSED_FORM[method]
     try:
         cv = (align.cross_val_top1(X, Y, lambda a, b: fn(a, b, **params), random_state=random_state or 0)
               if stream is None else
@@ -499,7 +498,7 @@ def check_fit_params(method: str, params: dict | None, random_state=0, unpaired:
         check_semi_supervised(params, unpaired)
     elif method == "minivec2vec":
         _minivec2vec(params, random_state).check_params()
-    elif method in _CLOSED_FORM:
+    elif method in CLOSED_FORM:
         if method == "lowrank" and "rank" not in params:
             raise InputError(_LOWRANK_NEEDS_RANK)
         align.procrustes.check_closed_form_params(method, params)  # values too: alpha=-1 was a failed job
@@ -517,7 +516,7 @@ def check_fit_rows(method: str, params: dict | None, src: FitSide, tgt: FitSide,
     dims = (src.X.shape[1], tgt.X.shape[1]) if src.X is not None and tgt.X is not None else None
     if method in MIGRATION_METHODS:
         align.migration.check_options(method, params, n_pairs=n, dims=dims)
-    elif method in _CLOSED_FORM:
+    elif method in CLOSED_FORM:
         if n < 2:
             raise align.TooFewRowsError(f"a paired fit needs at least 2 pairs, got {n}")
         align.procrustes.check_closed_form_params(method, params, dims=dims)
