@@ -286,7 +286,8 @@ def embed_file(inp, out, *, encoder: str, kind: str = "passage", rows=None, text
     with MappedWriter(inp, out, dim=enc.dim, n_rows=len(texts), batch_rows=chunk_rows) as w:
         for s in range(0, len(texts), chunk_rows):
             X = encode_texts(enc, texts[s : s + chunk_rows], kind=kind)
-            cut += count_cut(enc, texts[s : s + chunk_rows])
+            if truncate:  # else every text was counted above, none over the limit
+                cut += count_cut(enc, texts[s : s + chunk_rows])
             if held is not None:
                 held.append(X)
                 X = None
