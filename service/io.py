@@ -36,7 +36,8 @@ from .io_write import STREAM_SUFFIXES, ChunkWriter, remove_unfinished, write_vec
 __all__ = [
     "FormatError", "check_file", "check_not_input", "load_npy", "parse_rows", "resolve_rows", "rows_count",
     "read_vectors", "read_texts", "count_rows", "iter_chunks", "ChunkWriter",
-    "write_vectors", "is_text_path", "sha256_array", "VECTOR_SUFFIXES", "STREAM_SUFFIXES", "TEXT_SUFFIXES",
+    "write_vectors", "is_text_path", "sha256_array", "npy_header", "VECTOR_SUFFIXES", "STREAM_SUFFIXES",
+    "TEXT_SUFFIXES",
 ]
 
 VECTOR_SUFFIXES = (".npy", ".npz", ".fvecs", ".parquet")
@@ -170,6 +171,15 @@ def fvecs_matrix(path: Path, *, check_rows: bool = True) -> np.ndarray:
     return mat.view("<f4")[:, 1:]
 
 
+def npy_header(fh) -> tuple:
+    """``(shape, dtype)`` the ``.npy`` header at ``fh``'s position claims (``fh`` left after it), nothing decoded."""
+    from numpy.lib import format as npf
+
+    major, _ = npf.read_magic(fh)
+    shape, _, dtype = (npf.read_array_header_1_0 if major == 1 else npf.read_array_header_2_0)(fh)
+    return shape, dtype
+
+
 def npz_array(path: Path, key: str | None, key_option: str | None = "--key") -> np.ndarray:
     """One array of a ``.npz``: ``key``, else the first, unless the archive holds more than one array of rows (2-D):
     which is meant is then not guessed (``np.savez('pairs.npz', minilm=M, e5=E)`` given as both the source and the
@@ -180,14 +190,9 @@ def npz_array(path: Path, key: str | None, key_option: str | None = "--key") -> 
     import zipfile
     import zlib
 
-    from numpy.lib import format as npf
-
     def header(zf, name: str) -> tuple:
         with zf.open(zf.getinfo(name + ".npy")) as fh:
-            version = npf.read_magic(fh)
-            read_header = npf.read_array_header_1_0 if version == (1, 0) else npf.read_array_header_2_0
-            shape, _, dtype = read_header(fh)
-        return shape, dtype
+            return npy_header(fh)
 
     try:
         with zipfile.ZipFile(path) as zf:

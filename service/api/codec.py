@@ -32,6 +32,7 @@ from align.exceptions import DimensionMismatchError, EmptyInputError, InputError
 
 from ..limits import JSON_INT_RANGE, MAX_DIM, MAX_JSON_DEPTH, check_json_depth, json_type
 from ..errors import PayloadTooLargeError, UnsupportedMediaTypeError
+from ..io import npy_header
 from .number_types import whole_int
 from .responses import loads
 
@@ -499,9 +500,7 @@ def _check_npy_header(body: bytes, max_batch: int) -> None:
     header that does not parse, or an object dtype, is left to ``np.load`` (its refusals say so)."""
     f = io.BytesIO(body)
     try:
-        major, _ = np.lib.format.read_magic(f)
-        read = np.lib.format.read_array_header_1_0 if major == 1 else np.lib.format.read_array_header_2_0
-        shape, _, dtype = read(f)
+        shape, dtype = npy_header(f)
     except Exception:  # noqa: BLE001 - np.load reads it again and says what is wrong
         return
     if dtype.hasobject or not all(isinstance(n, int) and n >= 0 for n in shape):
